@@ -1,0 +1,40 @@
+"""`kvgate bench …`: one sub-command per benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module with configure_parser/run, help); modules are imported only when run.
+_BENCHMARKS: dict[str, tuple[str | None, str]] = {
+    "indexer": (
+        "bench.indexer_bench",
+        "prefix-hash indexer: ingest, removal, match latency, hashing, memory per pair",
+    ),
+    "sim": (None, "one simulated engine's sustainable requests/s and events/s"),
+    "subscriber": (None, "KV event ingest rate from N engines and recovery time after a gap"),
+    "routing": (None, "routing quality (TTFT, hit rate, throughput) per policy and workload"),
+    "chaos": (None, "fault injection: index divergence and convergence time after each fault"),
+}
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    benches = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, (module_name, summary) in _BENCHMARKS.items():
+        sub = benches.add_parser(name, help=summary, description=summary)
+        if module_name is None:
+            sub.set_defaults(_bench=None, _bench_name=name)
+            continue
+        module = importlib.import_module(module_name)
+        module.configure_parser(sub)
+        sub.set_defaults(_bench=module.run, _bench_name=name)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args._bench is None:
+        name = args._bench_name
+        print(f"kvgate bench {name}: not yet available in this version", file=sys.stderr)
+        return 2
+    status: int = args._bench(args)
+    return status

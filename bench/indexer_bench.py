@@ -1,0 +1,248 @@
+"""`kvgate bench indexer`: throughput, latency and memory of the sync prefix-hash table.
+
+Figures (JSON keys): ingest_blocks_per_s, remove_blocks_per_s, match_p50_us /
+match_p99_us (128-block prompt, 8 candidates), match_p50_us_64 / match_p99_us_64 (64
+candidates), hash_2048_tokens_p50_us, bytes_per_pair (tracemalloc, whole fleet indexed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+from bench.indexer_workload import FleetWorkload, build_fleet
+from bench.results_io import RESULTS_DIR, percentile, print_table, write_json
+from indexer import IndexConfig, IndexLimits, ModelContext, SyncPrefixHashTable
+
+MODEL = "bench-model"
+TARGETS = {
+    "ingest_blocks_per_s": (">=", 500_000),
+    "match_p50_us": ("<=", 50),
+    "match_p50_us_64": ("<=", 100),
+    "hash_2048_tokens_p50_us": ("<=", 60),
+    "bytes_per_pair": ("<=", 200),
+}
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small fleet, finishes in < 20 s")
+    parser.add_argument("--pods", type=int, default=None, help="pods (default 64; quick 16)")
+    parser.add_argument(
+        "--blocks-per-pod", type=int, default=None, help="blocks per pod (default 20000)"
+    )
+    parser.add_argument("--matches", type=int, default=None, help="match queries per setting")
+    parser.add_argument("--seed", type=int, default=7, help="workload seed")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=RESULTS_DIR / "indexer.json",
+        metavar="PATH",
+        help="where to write the JSON results (default bench/results/indexer.json)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=RESULTS_DIR / "indexer.png",
+        metavar="PATH",
+        help="where to write the match-latency plot (default bench/results/indexer.png)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    pods = args.pods or (16 if args.quick else 64)
+    blocks_per_pod = args.blocks_per_pod or (5_000 if args.quick else 20_000)
+    matches = args.matches or (2_000 if args.quick else 10_000)
+    print(f"building workload: {pods} pods x {blocks_per_pod} blocks (seed {args.seed})...")
+    workload = build_fleet(pods=pods, blocks_per_pod=blocks_per_pod, seed=args.seed)
+    results: dict[str, Any] = {
+        "config": {
+            "pods": pods,
+            "blocks_per_pod": blocks_per_pod,
+            "block_size": 16,
+            "chain_blocks": 128,
+            "distinct_blocks": workload.distinct_blocks,
+            "pairs": workload.total_blocks,
+            "quick": bool(args.quick),
+        }
+    }
+    table, ingest = _measure_ingest(workload)
+    results["ingest_blocks_per_s"] = ingest
+    latencies = {}
+    for candidates in (8, 64):
+        samples = _measure_match(table, workload, candidates, matches, args.seed)
+        latencies[candidates] = samples
+        suffix = "" if candidates == 8 else f"_{candidates}"
+        results[f"match_p50_us{suffix}"] = percentile(samples, 50)
+        results[f"match_p99_us{suffix}"] = percentile(samples, 99)
+    results["hash_2048_tokens_p50_us"] = _measure_hashing(table, args.seed)
+    results["remove_blocks_per_s"] = _measure_removal(table, workload)
+    del table
+    gc.collect()
+    results.update(_measure_memory(workload))
+    _report(results)
+    write_json(args.json, results)
+    print(f"JSON written to {args.json}")
+    if _plot(args.plot, latencies, pods):
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _new_table(pods: list[str]) -> SyncPrefixHashTable:
+    limits = IndexLimits(max_prefixes_per_context=10_000_000, max_blocks_per_pod=10_000_000)
+    table = SyncPrefixHashTable(IndexConfig(block_size=16, limits=limits))
+    for pod in pods:
+        table.register_pod(pod, MODEL)
+    return table
+
+
+def _ingest(table: SyncPrefixHashTable, workload: FleetWorkload) -> tuple[int, float]:
+    """Apply every event; returns (blocks applied, seconds spent inside apply_stored).
+
+    Each event's token ids are unpacked into a fresh list first, outside the timing, as
+    the subscriber's decoder hands them over.
+    """
+    applied = 0
+    elapsed = 0.0
+    clock = time.perf_counter
+    for pod in workload.pods:
+        for packed in workload.events[pod]:
+            event = packed.as_decoded()
+            start = clock()
+            applied += table.apply_stored(pod, event)
+            elapsed += clock() - start
+    return applied, elapsed
+
+
+def _measure_ingest(workload: FleetWorkload) -> tuple[SyncPrefixHashTable, float]:
+    table = _new_table(workload.pods)
+    applied, elapsed = _ingest(table, workload)
+    if applied != workload.total_blocks:
+        raise RuntimeError(f"applied {applied} blocks of {workload.total_blocks}")
+    return table, applied / elapsed
+
+
+def _measure_match(
+    table: SyncPrefixHashTable,
+    workload: FleetWorkload,
+    candidates: int,
+    queries: int,
+    seed: int,
+) -> list[float]:
+    rng = random.Random(seed + candidates)
+    context = ModelContext(MODEL)
+    pods = workload.pods
+    prompts = [table.prefix_hashes(tokens) for tokens in workload.prompts]
+    samples = []
+    clock = time.perf_counter
+    for _ in range(queries):
+        hashes = rng.choice(prompts)
+        chosen = rng.sample(pods, min(candidates, len(pods)))
+        start = clock()
+        table.match(context, hashes, chosen)
+        samples.append((clock() - start) * 1e6)
+    return samples
+
+
+def _measure_hashing(table: SyncPrefixHashTable, seed: int) -> float:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(150_000) for _ in range(2048)] for _ in range(50)]
+    samples = []
+    clock = time.perf_counter
+    for _ in range(20):
+        for tokens in prompts:
+            start = clock()
+            table.prefix_hashes(tokens)
+            samples.append((clock() - start) * 1e6)
+    return percentile(samples, 50)
+
+
+def _measure_removal(table: SyncPrefixHashTable, workload: FleetWorkload) -> float:
+    """Evict every block of half the pods, tail first, 16 hashes per call (one batch)."""
+    removed = 0
+    start = time.perf_counter()
+    for pod in workload.pods[: max(1, len(workload.pods) // 2)]:
+        hashes = [h for event in workload.events[pod] for h in event.block_hashes]
+        hashes.reverse()
+        for i in range(0, len(hashes), 16):
+            removed += table.apply_removed(pod, hashes[i : i + 16], "GPU")
+    elapsed = time.perf_counter() - start
+    return removed / elapsed
+
+
+def _measure_memory(workload: FleetWorkload) -> dict[str, float]:
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    table = _new_table(workload.pods)
+    _ingest(table, workload)
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    stats = table.stats()
+    return {
+        "bytes_per_pair": used / stats.pairs,
+        "bytes_per_distinct_block": used / stats.blocks,
+        "index_bytes": used,
+        "pairs_measured": stats.pairs,
+    }
+
+
+def _report(results: dict[str, Any]) -> None:
+    config = results["config"]
+    sharing = config["pairs"] / max(1, config["distinct_blocks"])
+    rows = []
+    for key, unit in (
+        ("ingest_blocks_per_s", "blocks/s"),
+        ("remove_blocks_per_s", "blocks/s"),
+        ("match_p50_us", "us"),
+        ("match_p99_us", "us"),
+        ("match_p50_us_64", "us"),
+        ("match_p99_us_64", "us"),
+        ("hash_2048_tokens_p50_us", "us"),
+        ("bytes_per_pair", "bytes"),
+        ("bytes_per_distinct_block", "bytes"),
+    ):
+        value = results[key]
+        note = ""
+        if key in TARGETS:
+            op, target = TARGETS[key]
+            ok = value >= target if op == ">=" else value <= target
+            note = f"target {op} {target:,}  {'ok' if ok else 'MISSED'}"
+        rows.append((key, f"{value:,.1f} {unit}", note))
+    print_table(
+        f"kvgate indexer: {config['pods']} pods x {config['blocks_per_pod']} blocks, "
+        f"{config['pairs']:,} (block, pod) pairs, {config['distinct_blocks']:,} distinct "
+        f"blocks (each held by {sharing:.2f} pods on average)",
+        rows,
+    )
+
+
+def _plot(path: Path, latencies: dict[int, list[float]], pods: int) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover - matplotlib is a dependency
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for candidates, samples in sorted(latencies.items()):
+        ordered = sorted(samples)
+        fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+        axis.plot(ordered, fractions, label=f"{min(candidates, pods)} candidate pods")
+    axis.set_xscale("log")
+    axis.set_xlabel("match latency (µs), 128-block prompt")
+    axis.set_ylabel("fraction of queries")
+    axis.set_title("kvgate indexer: prefix match latency (CDF)")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True

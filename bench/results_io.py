@@ -1,0 +1,48 @@
+"""Printing and saving benchmark results: a table on stdout, JSON and PNG under results/."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of `values` (pct in [0, 100])."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(pct / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def print_table(title: str, rows: Sequence[tuple[str, str, str]]) -> None:
+    """Rows of (figure, value, target or note)."""
+    width = max(len(row[0]) for row in rows)
+    value_width = max(len(row[1]) for row in rows)
+    print(f"\n{title}")
+    print("-" * (width + value_width + 20))
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>{value_width}}  {note}")
+    print()
+
+
+def write_json(path: Path, results: Mapping[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "processor": platform.machine(),
+        },
+        **results,
+    }
+    path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
+    return path

@@ -1,0 +1,82 @@
+"""The `kvgate` command line: one sub-command per product component.
+
+Each component owns its own flags (`configure_parser`) and entry point (`run`);
+this module only wires them together and imports them lazily, so `kvgate serve`
+never imports the simulator or the benchmarks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+class _Component(Protocol):
+    def configure_parser(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+# name -> (module that implements it, one-line help, longer description)
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "serve": (
+        "gateway.serve_cli",
+        "run the KV-cache-aware OpenAI-compatible gateway",
+        "Serve the OpenAI-compatible endpoint, subscribe to every pod's KV events and "
+        "route each request to the pod holding the longest cached prefix of its prompt.",
+    ),
+    "sim": (
+        "simulator.cli",
+        "run simulated vLLM/SGLang engines",
+        "Start one simulated engine (or a fleet with --fleet N) that speaks vLLM's HTTP API "
+        "and publishes vLLM-format KV cache events over ZMQ with a replay socket.",
+    ),
+    "demo": (
+        "bench.demo_cli",
+        "simulated fleet + gateway + workload, showing what KV-aware routing gains",
+        "Start a small fleet of simulated engines and the gateway on loopback, run a multi-turn "
+        "workload with round-robin and with prefix-cache routing, and print the comparison.",
+    ),
+    "bench": (
+        "bench.cli",
+        "benchmarks (indexer, sim, subscriber, routing, chaos)",
+        "Run one of kvgate's benchmarks; each prints a table and writes JSON (and PNG plots) "
+        "under bench/results/.",
+    ),
+}
+
+
+def _load(module_name: str) -> _Component:
+    component: _Component = importlib.import_module(module_name)  # type: ignore[assignment]
+    return component
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate",
+        description="kvgate: a KV-cache-aware gateway for LLM inference fleets.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module_name, summary, description) in _COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=description)
+        component = _load(module_name)
+        component.configure_parser(sub)
+        sub.set_defaults(_run=component.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args._run
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

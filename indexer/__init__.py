@@ -1,0 +1,23 @@
+"""Prefix hashing and the sync prefix-hash table (pure, synchronous, no I/O)."""
+
+from indexer.config import ConfigError, IndexConfig, IndexLimits
+from indexer.hashing import DEFAULT_HASH_SEED, PrefixHasher
+from indexer.match import IndexStats, MatchResult
+from indexer.table import SyncPrefixHashTable
+from indexer.types import EngineHash, ModelContext, StoredBlocksEvent, Tier, UnknownPodError
+
+__all__ = [
+    "DEFAULT_HASH_SEED",
+    "ConfigError",
+    "EngineHash",
+    "IndexConfig",
+    "IndexLimits",
+    "IndexStats",
+    "MatchResult",
+    "ModelContext",
+    "PrefixHasher",
+    "StoredBlocksEvent",
+    "SyncPrefixHashTable",
+    "Tier",
+    "UnknownPodError",
+]

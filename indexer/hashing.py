@@ -1,0 +1,76 @@
+"""Chained prefix hashing over fixed-size blocks of token ids.
+
+h_0 = xxh64(seed, seed_le64 ‖ tokens of block 0)
+h_i = xxh64(seed, h_{i-1}_le64 ‖ tokens of block i)
+
+Tokens are serialized once per call as little-endian uint32 (token ids never exceed
+2**32 in any tokenizer we route for), the parent as little-endian uint64. The seed is
+configuration, never random: every replica and every restart must compute the same
+hashes, or snapshots and peer replicas would disagree.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Sequence
+
+import xxhash
+
+DEFAULT_HASH_SEED = 0x6B76_6761_7465  # "kvgate" — any fixed value works; keep it stable.
+_MAX_SEED = 2**64 - 1
+_TOKEN_BYTES = 4
+if array("I").itemsize != _TOKEN_BYTES:  # pragma: no cover - no such platform in practice
+    raise ImportError("kvgate's prefix hashing needs a platform with 4-byte unsigned ints")
+
+
+class PrefixHasher:
+    """Computes the gateway's chained block hashes; only full blocks are hashed."""
+
+    __slots__ = ("block_size", "seed")
+
+    def __init__(self, block_size: int, seed: int = DEFAULT_HASH_SEED) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1 token, got {block_size}")
+        if not 0 <= seed <= _MAX_SEED:
+            raise ValueError(f"hash seed must be an unsigned 64-bit integer, got {seed}")
+        self.block_size = block_size
+        self.seed = seed
+
+    def prefix_hashes(self, token_ids: Sequence[int]) -> list[int]:
+        """Hashes of every full block of a prompt, chained from the seed."""
+        return self.chain(self.seed, token_ids)
+
+    def chain(
+        self, parent: int, token_ids: Sequence[int], block_size: int | None = None
+    ) -> list[int]:
+        """Hashes of the full blocks of `token_ids`, the first chained onto `parent`.
+
+        `block_size` defaults to the hasher's own; the indexer passes it explicitly when it
+        re-chunks an engine's larger blocks.
+        """
+        size = self.block_size if block_size is None else block_size
+        blocks = len(token_ids) // size
+        if blocks == 0:
+            return []
+        raw = _serialize(token_ids, blocks * size)
+        step = size * _TOKEN_BYTES
+        seed = self.seed
+        digest = xxhash.xxh64_intdigest
+        out = [0] * blocks
+        offset = 0
+        for i in range(blocks):
+            parent = digest(parent.to_bytes(8, "little") + raw[offset : offset + step], seed)
+            out[i] = parent
+            offset += step
+        return out
+
+
+def _serialize(token_ids: Sequence[int], count: int) -> bytes:
+    try:
+        packed = array("I", token_ids[:count] if len(token_ids) != count else token_ids)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"token ids must be integers in [0, 2**32): {exc}") from exc
+    if sys.byteorder == "big":  # pragma: no cover - the hash must not depend on the host
+        packed.byteswap()
+    return packed.tobytes()

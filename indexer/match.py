@@ -1,0 +1,95 @@
+"""The answer to "how much of this prompt does each candidate pod already hold?"."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from indexer.block import tier_from_masks
+from indexer.types import Tier
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """Per candidate pod, the number of consecutive prompt blocks it holds from the start.
+
+    Tiers are resolved lazily: only blocks that some pod holds off-GPU (or merely
+    expects) are recorded, as (block index, tier masks) pairs; every other matched block
+    is on GPU for every pod that holds it.
+    """
+
+    prompt_blocks: int
+    blocks: Mapping[str, int]
+    _bits: Mapping[str, int] = field(default_factory=dict, repr=False)
+    _tiered: tuple[tuple[int, tuple[int, ...]], ...] = field(default=(), repr=False)
+
+    def matched(self, pod: str) -> int:
+        return self.blocks.get(pod, 0)
+
+    def ratio(self, pod: str) -> float:
+        """Matched share of the prompt's blocks (0.0 for an empty prompt)."""
+        if self.prompt_blocks == 0:
+            return 0.0
+        return self.matched(pod) / self.prompt_blocks
+
+    def tiers(self, pod: str) -> list[Tier]:
+        """The tier of each matched block of `pod`, in prompt order."""
+        count = self.matched(pod)
+        tiers = [Tier.GPU] * count
+        bit = self._bits.get(pod, 0)
+        for index, masks in self._tiered:
+            if index >= count:
+                break
+            tiers[index] = tier_from_masks(masks, bit)
+        return tiers
+
+    def tier_counts(self, pod: str) -> dict[Tier, int]:
+        """How many matched blocks of `pod` sit in each tier."""
+        counts = dict.fromkeys(Tier, 0)
+        count = self.matched(pod)
+        counts[Tier.GPU] = count
+        bit = self._bits.get(pod, 0)
+        for index, masks in self._tiered:
+            if index >= count:
+                break
+            tier = tier_from_masks(masks, bit)
+            if tier is not Tier.GPU:
+                counts[Tier.GPU] -= 1
+                counts[tier] += 1
+        return counts
+
+    def best(self) -> tuple[str, int] | None:
+        """The pod with the longest match (first in candidate order on ties), if any."""
+        best: tuple[str, int] | None = None
+        for pod, count in self.blocks.items():
+            if count and (best is None or count > best[1]):
+                best = (pod, count)
+        return best
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """Sizes and counters of a `SyncPrefixHashTable`."""
+
+    pods: int
+    contexts: int
+    blocks: int
+    """Distinct gateway blocks over all contexts."""
+    pairs: int
+    """(pod, gateway block) pairs held in a real tier."""
+    engine_entries: int
+    """Engine hashes indexed over all pods and tiers."""
+    expected: int
+    """Router-side (expected) entries."""
+    broken_chain_events: int
+    broken_chain_blocks: int
+    rejected_blocks: Mapping[str, int]
+    """Blocks of BlockStored events not inserted, by reason."""
+    unknown_removals: int
+    """BlockRemoved hashes the pod was not known to hold."""
+    remapped: int
+    """Engine hashes re-stored with different content (the old mapping was replaced)."""
+    evicted_blocks: int
+    evicted_contexts: int
+    expired_expected: int
+    eviction_runs: int

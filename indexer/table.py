@@ -1,0 +1,643 @@
+"""The sync prefix-hash table: which pod holds which prompt prefix, fleet-wide.
+
+ModelContext -> PrefixStore (gateway hash -> Block: holder bit masks per tier, last
+access); per pod, engine hash -> gateway block(s) for each tier. Engine hashes are
+opaque and per pod; the gateway computes its own chained hashes from the events' token
+ids, so one prompt hashes the same whatever pod (or engine kind) holds it.
+
+Pure and synchronous: no I/O, no locks — the owner calls it from one thread (the
+gateway's event loop). Time comes from the injected clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import attrgetter
+
+from indexer.block import Block, PrefixStore
+from indexer.config import IndexConfig
+from indexer.hashing import PrefixHasher
+from indexer.match import IndexStats, MatchResult
+from indexer.pod import PodState, Target, blocks_of
+from indexer.types import (
+    EngineHash,
+    ModelContext,
+    StoredBlocksEvent,
+    Tier,
+    UnknownPodError,
+)
+
+_GPU, _EXPECTED = Tier.GPU, Tier.EXPECTED
+_REAL = (Tier.GPU, Tier.CPU, Tier.STORAGE)
+_EVICT_TO = 0.9  # a store over its cap is trimmed to 90% of it, so trims are rare
+_last_access = attrgetter("last_access")
+
+
+def _stands_for(target: Target, gateway_hashes: list[int], first: int, count: int) -> bool:
+    """Whether an indexed engine entry stands for gateway_hashes[first:first+count]."""
+    if isinstance(target, Block):
+        return count == 1 and target.store is not None and target.gw_hash == gateway_hashes[first]
+    return len(target) == count and all(
+        block.store is not None and block.gw_hash == gateway_hashes[first + j]
+        for j, block in enumerate(target)
+    )
+
+
+class SyncPrefixHashTable:
+    """Fleet-wide prefix index fed by KV events (see module docstring)."""
+
+    def __init__(
+        self,
+        config: IndexConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or IndexConfig()
+        self.hasher = PrefixHasher(self.config.block_size, self.config.hash_seed)
+        self._limits = self.config.limits
+        self._clock = clock
+        self._stores: dict[ModelContext, PrefixStore] = {}
+        self._pods: dict[str, PodState] = {}
+        self._by_bit: dict[int, PodState] = {}
+        self._free_bits: list[int] = []
+        self._next_bit_index = 0
+        # Router-side entries by expiry: (expiry, tiebreak, pod, block). Entries whose pod
+        # or expiry changed since are skipped when popped.
+        self._expiries: list[tuple[float, int, PodState, Block]] = []
+        self._expiry_seq = 0
+        self._expected_count = 0
+        self._next_eviction = clock() + self._limits.eviction_interval_s
+        self._pairs = 0
+        self._dead_refs = 0
+        self._broken_events = 0
+        self._rejected: Counter[str] = Counter()
+        self._unknown_removals = 0
+        self._remapped = 0
+        self._evicted_blocks = 0
+        self._evicted_contexts = 0
+        self._expired = 0
+        self._eviction_runs = 0
+
+    # -- pods ---------------------------------------------------------------------------
+
+    def register_pod(
+        self,
+        pod: str,
+        model: str,
+        *,
+        publishes_events: bool = True,
+        lora_names: Mapping[int, str] | None = None,
+    ) -> None:
+        """Start indexing `pod`. Re-registering with another model drops what it had."""
+        state = self._pods.get(pod)
+        if state is not None and state.model != model:
+            self.remove_pod(pod)
+            state = None
+        if state is not None:
+            state.publishes_events = publishes_events
+            state.lora_names = dict(lora_names or {})
+            return
+        if self._free_bits:
+            index = heapq.heappop(self._free_bits)
+        else:
+            index = self._next_bit_index
+            self._next_bit_index += 1
+        state = PodState(
+            pod,
+            1 << index,
+            model,
+            publishes_events=publishes_events,
+            lora_names=lora_names or {},
+        )
+        self._pods[pod] = state
+        self._by_bit[state.bit] = state
+
+    def remove_pod(self, pod: str) -> None:
+        """Forget `pod` entirely, in time proportional to what it held."""
+        state = self._pods.pop(pod, None)
+        if state is None:
+            return
+        self._clear_state(state)
+        del self._by_bit[state.bit]
+        heapq.heappush(self._free_bits, state.bit.bit_length() - 1)
+
+    def pods(self) -> list[str]:
+        return list(self._pods)
+
+    def has_pod(self, pod: str) -> bool:
+        return pod in self._pods
+
+    # -- events -------------------------------------------------------------------------
+
+    def apply_stored(self, pod: str, event: StoredBlocksEvent) -> int:
+        """Index a BlockStored event of `pod`; returns how many engine blocks were applied.
+
+        A block whose parent this pod is not known to hold is a broken chain: its gateway
+        hash cannot be computed, so the event is counted and not inserted (never re-rooted).
+        """
+        state = self._state(pod)
+        now = self._clock()
+        self._tick(now)
+        engine_hashes = event.block_hashes
+        count = len(engine_hashes)
+        if count == 0:
+            return 0
+        engine_block = event.block_size or self.config.block_size
+        tokens = event.token_ids
+        if len(tokens) != count * engine_block:
+            return self._reject("token_count_mismatch", count)
+        if engine_block % self.config.block_size:
+            # An engine block smaller than (or not a multiple of) the gateway's block cannot
+            # be mapped one-to-many; the subscriber re-chunks such engines before this point.
+            return self._reject("block_size_mismatch", count)
+        per_engine = engine_block // self.config.block_size
+        parent = event.parent_block_hash
+        if parent is None:
+            parent_gw = self.hasher.seed
+        else:
+            found = state.lookup_gateway_hash(parent)
+            if found is None:
+                self._broken_events += 1
+                return self._reject("broken_chain", count)
+            parent_gw = found
+        try:
+            gateway_hashes = self.hasher.chain(parent_gw, tokens)
+        except ValueError:
+            return self._reject("bad_token_ids", count)
+
+        tier = Tier.from_medium(event.medium)
+        store = self._store_for(state.context(event.lora_id, event.lora_name), now)
+        entries = state.entries[tier]
+        copies = state.copies[tier]
+        blocks = store.blocks
+        get_block = blocks.get
+        on_gpu = tier is _GPU
+        bit = state.bit
+        room = self._limits.max_blocks_per_pod - state.size
+        applied = 0
+        for i, engine_hash in enumerate(engine_hashes):
+            old = entries.get(engine_hash)
+            if old is not None:
+                first = i * per_engine
+                if _stands_for(old, gateway_hashes, first, per_engine):
+                    copies[engine_hash] = copies.get(engine_hash, 0) + 1  # another copy
+                    for block in blocks_of(old):
+                        block.last_access = now
+                    applied += 1
+                    continue
+                # The engine stored this hash again for other content (a hash collision, or
+                # an engine that hashes pages without their parents): the old entry goes
+                # first, so a block it shares with the new content is not dropped under it.
+                self._remapped += 1
+                self._drop_entry(state, tier, engine_hash, old)
+                room += 1
+            if room <= 0:
+                self._reject("pod_limit", count - i)
+                break
+            room -= 1
+            target: Target
+            if per_engine == 1:
+                gw_hash = gateway_hashes[i]
+                existing = get_block(gw_hash)
+                if existing is None:
+                    block = blocks[gw_hash] = Block(gw_hash, store, now)
+                else:
+                    block = existing
+                    block.last_access = now
+                entries[engine_hash] = block
+                if on_gpu and block.masks is None and not block.held & bit:
+                    # The common case, inlined: a block new to this pod, on GPU only.
+                    block.held |= bit
+                    self._pairs += 1
+                    applied += 1
+                    continue
+                target = block
+            else:
+                target = tuple(
+                    store.get_or_create(h, now)
+                    for h in gateway_hashes[i * per_engine : (i + 1) * per_engine]
+                )
+                for block in target:
+                    block.last_access = now
+                entries[engine_hash] = target
+            self._link(state, target, tier)
+            applied += 1
+        state.size = self._limits.max_blocks_per_pod - room  # _drop_entry's updates included
+        store.last_access = now
+        if len(store.blocks) > self._limits.max_prefixes_per_context:
+            self._trim(store)
+        return applied
+
+    def apply_removed(
+        self, pod: str, block_hashes: Iterable[EngineHash], medium: str | None = None
+    ) -> int:
+        """Apply a BlockRemoved of `pod`; returns how many hashes it was known to hold.
+
+        Only this pod is touched, and a hash it holds several copies of stays until the
+        last copy goes.
+        """
+        state = self._state(pod)
+        self._tick(self._clock())
+        tier = Tier.from_medium(medium)
+        entries = state.entries[tier]
+        copies = state.copies[tier]
+        known = 0
+        for engine_hash in block_hashes:
+            target = entries.get(engine_hash)
+            if target is None:
+                self._unknown_removals += 1
+                continue
+            known += 1
+            extra = copies.get(engine_hash)
+            if extra:
+                if extra == 1:
+                    del copies[engine_hash]
+                else:
+                    copies[engine_hash] = extra - 1
+                continue
+            del entries[engine_hash]
+            state.size -= 1
+            for block in blocks_of(target):
+                self._unlink(state, block, tier)
+        return known
+
+    def apply_cleared(self, pod: str) -> None:
+        """Apply AllBlocksCleared: the pod holds nothing any more (router-side entries too)."""
+        state = self._state(pod)
+        self._tick(self._clock())
+        self._clear_state(state)
+
+    # -- router-side entries --------------------------------------------------------------
+
+    def add_prefix(
+        self,
+        pod: str,
+        context: ModelContext,
+        prefix_hashes: Sequence[int],
+        ttl: float | None = None,
+    ) -> int:
+        """Record that `pod` is expected to hold these gateway blocks (a routing decision).
+
+        Blocks the pod already holds for real are skipped. Entries expire after `ttl` —
+        by default `expected_ttl_s` for pods that publish events (a BlockStored should
+        confirm them well before) and `eviction_duration_s` for pods that do not (their
+        approximate index) — and the oldest go when a pod has too many. Returns the number
+        of expected entries added or refreshed.
+        """
+        state = self._state(pod)
+        now = self._clock()
+        self._tick(now)
+        if ttl is None:
+            limits = self._limits
+            ttl = limits.expected_ttl_s if state.publishes_events else limits.eviction_duration_s
+        expiry = now + ttl
+        store = self._store_for(context, now)
+        bit = state.bit
+        expected = state.expected
+        refreshed = 0
+        for gw_hash in prefix_hashes:
+            block = store.get_or_create(gw_hash, now)
+            block.last_access = now
+            if block.real_mask() & bit:
+                continue
+            if block in expected:
+                del expected[block]  # re-inserted below: dict order is the pod's LRU order
+            else:
+                masks = block.tier_masks()
+                masks[_EXPECTED] |= bit
+                block.refresh()
+                self._expected_count += 1
+            expected[block] = expiry
+            self._expiry_seq += 1
+            heapq.heappush(self._expiries, (expiry, self._expiry_seq, state, block))
+            refreshed += 1
+        overflow = len(expected) - self._limits.max_expected_per_pod
+        for block in list(expected)[: max(overflow, 0)]:
+            del expected[block]
+            self._drop_expected_bit(block, bit)
+        store.last_access = now
+        if len(store.blocks) > self._limits.max_prefixes_per_context:
+            self._trim(store)
+        if len(self._expiries) > 4 * self._expected_count + 1024:
+            self._compact_expiries()
+        return refreshed
+
+    # -- queries --------------------------------------------------------------------------
+
+    def prefix_hashes(self, token_ids: Sequence[int]) -> list[int]:
+        return self.hasher.prefix_hashes(token_ids)
+
+    def match(
+        self,
+        context: ModelContext,
+        prefix_hashes: Sequence[int],
+        candidate_pods: Iterable[str],
+    ) -> MatchResult:
+        """For each candidate, how many blocks from the prompt's start it holds.
+
+        Walks the prompt's blocks once, keeping the mask of candidates still matching, and
+        stops as soon as none is.
+        """
+        now = self._clock()
+        self._tick(now)
+        pods = self._pods
+        bits = {name: pods[name].bit if name in pods else 0 for name in candidate_pods}
+        alive = 0
+        for bit in bits.values():
+            alive |= bit
+        store = self._stores.get(context)
+        if store is None or alive == 0 or not prefix_hashes:
+            return MatchResult(len(prefix_hashes), dict.fromkeys(bits, 0), bits)
+        store.last_access = now
+        get = store.blocks.get
+        ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
+        tiered: list[tuple[int, tuple[int, ...]]] = []
+        index = 0
+        for gw_hash in prefix_hashes:
+            block = get(gw_hash)
+            if block is None:
+                break
+            held = block.held & alive
+            if held != alive:
+                if not held:
+                    break
+                ends.append((index, alive ^ held))
+                alive = held
+            block.last_access = now
+            if block.masks is not None:
+                tiered.append((index, tuple(block.masks)))
+            index += 1
+        ends.append((index, alive))
+        matched = dict.fromkeys(bits, 0)
+        for name, bit in bits.items():
+            for length, mask in ends:
+                if mask & bit:
+                    matched[name] = length
+                    break
+        return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered))
+
+    def dump(self, pod: str) -> set[EngineHash]:
+        """Engine hashes the index believes `pod` holds, in any tier."""
+        state = self._state(pod)
+        held: set[EngineHash] = set()
+        for tier in _REAL:
+            held |= state.engine_hashes(tier)
+        return held
+
+    def dump_tiers(self, pod: str) -> dict[Tier, set[EngineHash]]:
+        """Engine hashes the index believes `pod` holds, per real tier."""
+        state = self._state(pod)
+        return {tier: state.engine_hashes(tier) for tier in _REAL}
+
+    def stats(self) -> IndexStats:
+        return IndexStats(
+            pods=len(self._pods),
+            contexts=len(self._stores),
+            blocks=sum(len(store.blocks) for store in self._stores.values()),
+            pairs=self._pairs,
+            engine_entries=sum(state.size for state in self._pods.values()),
+            expected=self._expected_count,
+            broken_chain_events=self._broken_events,
+            broken_chain_blocks=self._rejected["broken_chain"],
+            rejected_blocks=dict(self._rejected),
+            unknown_removals=self._unknown_removals,
+            remapped=self._remapped,
+            evicted_blocks=self._evicted_blocks,
+            evicted_contexts=self._evicted_contexts,
+            expired_expected=self._expired,
+            eviction_runs=self._eviction_runs,
+        )
+
+    # -- eviction -------------------------------------------------------------------------
+
+    def evict(self, now: float | None = None) -> None:
+        """The eviction pass: expire router-side entries, enforce every cap.
+
+        Runs by itself every `eviction_interval_s` (checked on each call into the table)
+        and whenever a store crosses its cap; the gateway also calls it on a timer so an
+        idle index is trimmed too.
+        """
+        now = self._clock() if now is None else now
+        self._expire(now)
+        cap = self._limits.max_prefixes_per_context
+        for store in list(self._stores.values()):
+            if len(store.blocks) > cap:
+                self._trim(store)
+        while len(self._stores) > self._limits.max_contexts:
+            oldest = min(self._stores.values(), key=_last_access)
+            self._drop_store(oldest)
+        if self._dead_refs:
+            self._sweep_dead_refs()
+        self._next_eviction = now + self._limits.eviction_interval_s
+        self._eviction_runs += 1
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _state(self, pod: str) -> PodState:
+        state = self._pods.get(pod)
+        if state is None:
+            raise UnknownPodError(pod)
+        return state
+
+    def _tick(self, now: float) -> None:
+        if now >= self._next_eviction:
+            self.evict(now)
+        elif self._expiries and self._expiries[0][0] <= now:
+            self._expire(now)
+
+    def _reject(self, reason: str, blocks: int) -> int:
+        self._rejected[reason] += blocks
+        return 0
+
+    def _store_for(self, context: ModelContext, now: float) -> PrefixStore:
+        store = self._stores.get(context)
+        if store is None:
+            store = self._stores[context] = PrefixStore(context, now)
+            while len(self._stores) > self._limits.max_contexts:
+                oldest = min((s for s in self._stores.values() if s is not store), key=_last_access)
+                self._drop_store(oldest)
+            if self._dead_refs:
+                self._sweep_dead_refs()
+        return store
+
+    def _link(self, state: PodState, target: Target, tier: Tier) -> None:
+        bit = state.bit
+        for block in blocks_of(target):
+            if block.masks is None and tier is _GPU:
+                if block.held & bit:
+                    self._add_extra_ref(state, block, tier)
+                else:
+                    block.held |= bit
+                    self._pairs += 1
+                continue
+            masks = block.tier_masks()
+            if masks[tier] & bit:
+                self._add_extra_ref(state, block, tier)
+                continue
+            if not block.real_mask() & bit:
+                self._pairs += 1
+            masks[tier] |= bit
+            if masks[_EXPECTED] & bit:  # a BlockStored confirmed the router's expectation
+                masks[_EXPECTED] &= ~bit
+                del state.expected[block]
+                self._expected_count -= 1
+            block.refresh()
+
+    @staticmethod
+    def _add_extra_ref(state: PodState, block: Block, tier: Tier) -> None:
+        refs = state.extra_refs[tier]
+        refs[block] = refs.get(block, 0) + 1
+
+    def _unlink(self, state: PodState, block: Block, tier: Tier) -> None:
+        """One engine entry of `state` in `tier` no longer stands for `block`."""
+        refs = state.extra_refs[tier]
+        extra = refs.get(block)
+        if extra:
+            if extra == 1:
+                del refs[block]
+            else:
+                refs[block] = extra - 1
+            return
+        if block.store is None:
+            return
+        bit = state.bit
+        if block.masks is None:
+            block.held &= ~bit
+            self._pairs -= 1
+        else:
+            block.masks[tier] &= ~bit
+            if not block.real_mask() & bit:
+                self._pairs -= 1
+            block.refresh()
+        if not block.held:
+            self._forget(block)
+
+    def _drop_entry(
+        self, state: PodState, tier: Tier, engine_hash: EngineHash, old: Target
+    ) -> None:
+        del state.entries[tier][engine_hash]
+        state.copies[tier].pop(engine_hash, None)
+        state.size -= 1
+        for block in blocks_of(old):
+            self._unlink(state, block, tier)
+
+    def _drop_expected_bit(self, block: Block, bit: int) -> None:
+        if block.store is None or block.masks is None:
+            return
+        block.masks[_EXPECTED] &= ~bit
+        block.refresh()
+        self._expected_count -= 1
+        if not block.held:
+            self._forget(block)
+
+    def _forget(self, block: Block) -> None:
+        """Drop a block nobody holds from its store."""
+        store = block.store
+        if store is not None:
+            del store.blocks[block.gw_hash]
+            block.store = None
+
+    def _clear_state(self, state: PodState) -> None:
+        bit = state.bit
+        for tier in _REAL:
+            for target in state.entries[tier].values():
+                for block in blocks_of(target):
+                    self._drop_bit(block, bit)
+        for block in state.expected:
+            self._drop_bit(block, bit)
+        state.clear()
+
+    def _drop_bit(self, block: Block, bit: int) -> None:
+        """Remove the pod with `bit` from `block` in every tier (idempotent)."""
+        if block.store is None or not block.held & bit:
+            return
+        if block.masks is None:
+            block.held &= ~bit
+            self._pairs -= 1
+        else:
+            masks = block.masks
+            if block.real_mask() & bit:
+                self._pairs -= 1
+            if masks[_EXPECTED] & bit:
+                self._expected_count -= 1
+            for tier in Tier:
+                masks[tier] &= ~bit
+            block.refresh()
+        if not block.held:
+            self._forget(block)
+
+    def _kill(self, block: Block) -> None:
+        """Evict a block for every pod (a cap was crossed)."""
+        real = block.real_mask()
+        self._pairs -= real.bit_count()
+        self._dead_refs += real.bit_count()
+        if block.masks is not None:
+            expected = block.masks[_EXPECTED]
+            while expected:
+                low = expected & -expected
+                expected ^= low
+                self._by_bit[low].expected.pop(block, None)
+                self._expected_count -= 1
+        block.held = 0
+        block.masks = None
+        self._forget(block)
+        self._evicted_blocks += 1
+
+    def _trim(self, store: PrefixStore) -> None:
+        keep = int(self._limits.max_prefixes_per_context * _EVICT_TO)
+        excess = len(store.blocks) - keep
+        if excess <= 0:
+            return
+        # Oldest first; among equally old blocks the newest inserted first, which takes a
+        # chain from its tail (children are created after their parents): a tail left
+        # without its root could never be matched.
+        newest_first = reversed(store.blocks.values())
+        for block in heapq.nsmallest(excess, newest_first, key=_last_access):
+            self._kill(block)
+        self._sweep_dead_refs()
+
+    def _drop_store(self, store: PrefixStore) -> None:
+        for block in list(store.blocks.values()):
+            self._kill(block)
+        del self._stores[store.context]
+        self._evicted_contexts += 1
+
+    def _sweep_dead_refs(self) -> None:
+        """Drop pod entries that point at evicted blocks, so memory stays bounded."""
+        for state in self._pods.values():
+            for tier in _REAL:
+                entries = state.entries[tier]
+                dead = [h for h, t in entries.items() if any(b.store is None for b in blocks_of(t))]
+                for engine_hash in dead:
+                    target = entries.pop(engine_hash)
+                    state.copies[tier].pop(engine_hash, None)
+                    state.size -= 1
+                    for block in blocks_of(target):
+                        if block.store is not None:  # a multi-block entry partly evicted
+                            self._unlink(state, block, tier)
+                refs = state.extra_refs[tier]
+                for block in [b for b in refs if b.store is None]:
+                    del refs[block]
+        self._dead_refs = 0
+
+    def _expire(self, now: float) -> None:
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            expiry, _, state, block = heapq.heappop(expiries)
+            if self._pods.get(state.name) is not state or state.expected.get(block) != expiry:
+                continue  # refreshed, confirmed, evicted, or the pod went
+            del state.expected[block]
+            self._drop_expected_bit(block, state.bit)
+            self._expired += 1
+
+    def _compact_expiries(self) -> None:
+        live = [
+            (expiry, seq, state, block)
+            for expiry, seq, state, block in self._expiries
+            if self._pods.get(state.name) is state and state.expected.get(block) == expiry
+        ]
+        heapq.heapify(live)
+        self._expiries = live

@@ -1,0 +1,52 @@
+"""The `kvgate` command line, run as users run it (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+KVGATE = [sys.executable, "-m", "gateway.cli"]
+
+
+def kvgate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*KVGATE, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_help_describes_every_command() -> None:
+    result = kvgate("--help")
+    assert result.returncode == 0
+    for command in ("serve", "sim", "demo", "bench"):
+        assert command in result.stdout
+    for command in ("serve", "sim", "demo", "bench", "bench indexer"):
+        sub = kvgate(*command.split(), "--help")
+        assert sub.returncode == 0, sub.stderr
+        assert "usage: kvgate" in sub.stdout
+
+
+def test_bench_indexer_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "indexer.json"
+    plot = tmp_path / "indexer.png"
+    result = kvgate(
+        "bench", "indexer", "--quick", "--pods", "4", "--blocks-per-pod", "600",
+        "--matches", "50", "--json", str(out), "--plot", str(plot),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    for key in (
+        "ingest_blocks_per_s",
+        "remove_blocks_per_s",
+        "match_p50_us",
+        "match_p99_us",
+        "match_p50_us_64",
+        "match_p99_us_64",
+        "hash_2048_tokens_p50_us",
+        "bytes_per_pair",
+    ):
+        assert figures[key] > 0, key
+        assert key in result.stdout
+    assert figures["config"]["pods"] == 4
+    assert plot.stat().st_size > 0

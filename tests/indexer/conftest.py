@@ -1,0 +1,48 @@
+"""Helpers shared by the indexer tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from indexer import IndexConfig, IndexLimits, SyncPrefixHashTable
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A BlockStored event with vLLM's field names (what the subscriber's decoder yields)."""
+
+    block_hashes: Sequence[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: Sequence[int]
+    block_size: int = 4
+    lora_id: int | None = None
+    lora_name: str | None = None
+    medium: str | None = "GPU"
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def make_table(
+    clock: FakeClock, *, block_size: int = 4, limits: IndexLimits | None = None
+) -> SyncPrefixHashTable:
+    config = IndexConfig(block_size=block_size, limits=limits or IndexLimits())
+    return SyncPrefixHashTable(config, clock=clock)

@@ -1,0 +1,223 @@
+"""Random event sequences against a deliberately naive model of what each pod holds.
+
+The reference keeps, per pod and tier, engine hash -> (the whole token prefix the block
+ends, number of copies) and answers matches by comparing token prefixes — no hashing,
+no masks, no reverse index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from indexer import ModelContext, SyncPrefixHashTable, Tier
+from tests.indexer.conftest import FakeClock, Stored, make_table
+
+BLOCK = 2  # gateway block size
+PODS = ("p0", "p1", "p2")
+MEDIA = ("GPU", "CPU", None)
+CTX = ModelContext("m")
+
+tokens = st.integers(min_value=0, max_value=3)  # tiny alphabet: prefixes collide often
+engine_hashes = st.integers(min_value=0, max_value=12)  # small: duplicates and reuse
+
+
+@dataclass
+class Entry:
+    prefix: tuple[int, ...]  # all tokens from the root to the end of this engine block
+    engine_block: int
+    parent: int | None  # the engine hash it was chained onto (to re-send it)
+    copies: int = 1
+
+
+@dataclass
+class PodModel:
+    # tier -> engine hash -> entry
+    tiers: dict[Tier, dict[int, Entry]] = field(
+        default_factory=lambda: {t: {} for t in (Tier.GPU, Tier.CPU, Tier.STORAGE)}
+    )
+
+    def lookup(self, engine_hash: int) -> Entry | None:
+        for tier in (Tier.GPU, Tier.CPU, Tier.STORAGE):
+            if engine_hash in self.tiers[tier]:
+                return self.tiers[tier][engine_hash]
+        return None
+
+    def held(self) -> dict[tuple[int, ...], Tier]:
+        """Gateway-block prefixes this pod holds, with their best tier."""
+        best: dict[tuple[int, ...], Tier] = {}
+        for tier in (Tier.STORAGE, Tier.CPU, Tier.GPU):  # better tiers overwrite
+            for entry in self.tiers[tier].values():
+                start = len(entry.prefix) - entry.engine_block
+                for end in range(start + BLOCK, len(entry.prefix) + 1, BLOCK):
+                    best[entry.prefix[:end]] = tier
+        return best
+
+
+class IndexMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table: SyncPrefixHashTable = make_table(FakeClock(), block_size=BLOCK)
+        self.model: dict[str, PodModel] = {}
+        self.prompts: list[tuple[int, ...]] = []
+        for pod in PODS:
+            self.table.register_pod(pod, "m")
+            self.model[pod] = PodModel()
+
+    @rule(
+        pod=st.sampled_from(PODS),
+        hashes=st.lists(engine_hashes, min_size=1, max_size=4),
+        parent=st.one_of(st.none(), engine_hashes),
+        engine_block=st.sampled_from((BLOCK, 2 * BLOCK)),
+        data=st.data(),
+        medium=st.sampled_from(MEDIA),
+    )
+    def store(
+        self,
+        pod: str,
+        hashes: list[int],
+        parent: int | None,
+        engine_block: int,
+        data: st.DataObject,
+        medium: str | None,
+    ) -> None:
+        block_tokens = data.draw(
+            st.lists(
+                tokens, min_size=len(hashes) * engine_block, max_size=len(hashes) * engine_block
+            )
+        )
+        self._store(pod, hashes, parent, engine_block, block_tokens, medium)
+
+    def _store(
+        self,
+        pod: str,
+        hashes: list[int],
+        parent: int | None,
+        engine_block: int,
+        block_tokens: list[int],
+        medium: str | None,
+    ) -> None:
+        applied = self.table.apply_stored(
+            pod,
+            Stored(hashes, parent, block_tokens, block_size=engine_block, medium=medium),
+        )
+        model = self.model[pod]
+        if parent is None:
+            prefix: tuple[int, ...] = ()
+        else:
+            parent_entry = model.lookup(parent)
+            if parent_entry is None:
+                assert applied == 0
+                return
+            prefix = parent_entry.prefix
+        assert applied == len(hashes)
+        tier_entries = model.tiers[Tier.from_medium(medium)]
+        for i, engine_hash in enumerate(hashes):
+            prefix = prefix + tuple(block_tokens[i * engine_block : (i + 1) * engine_block])
+            old = tier_entries.get(engine_hash)
+            if old is not None and old.prefix == prefix:
+                old.copies += 1
+            else:
+                tier_entries[engine_hash] = Entry(prefix, engine_block, parent)
+            parent = engine_hash
+        if len(self.prompts) < 40:
+            self.prompts.append(prefix)
+
+    def _existing(self, data: st.DataObject) -> tuple[str, Tier, int, Entry] | None:
+        entries = [
+            (pod, tier, engine_hash, entry)
+            for pod, model in self.model.items()
+            for tier, tier_entries in model.tiers.items()
+            for engine_hash, entry in tier_entries.items()
+        ]
+        return data.draw(st.sampled_from(entries)) if entries else None
+
+    @rule(data=st.data())
+    def store_again(self, data: st.DataObject) -> None:
+        """Re-send a block a pod holds: a recomputed block, i.e. another copy."""
+        existing = self._existing(data)
+        if existing is None:
+            return
+        pod, tier, engine_hash, entry = existing
+        medium = {Tier.GPU: "GPU", Tier.CPU: "CPU", Tier.STORAGE: "STORAGE"}[tier]
+        block_tokens = list(entry.prefix[-entry.engine_block :])
+        self._store(pod, [engine_hash], entry.parent, entry.engine_block, block_tokens, medium)
+
+    @rule(data=st.data())
+    def remove_existing(self, data: st.DataObject) -> None:
+        existing = self._existing(data)
+        if existing is None:
+            return
+        pod, tier, engine_hash, _ = existing
+        self.remove(pod, [engine_hash], {Tier.GPU: "GPU", Tier.CPU: "CPU"}.get(tier, "STORAGE"))
+
+    @rule(
+        pod=st.sampled_from(PODS),
+        hashes=st.lists(engine_hashes, min_size=1, max_size=4),
+        medium=st.sampled_from(MEDIA),
+    )
+    def remove(self, pod: str, hashes: list[int], medium: str | None) -> None:
+        self.table.apply_removed(pod, hashes, medium)
+        tier_entries = self.model[pod].tiers[Tier.from_medium(medium)]
+        for engine_hash in hashes:
+            entry = tier_entries.get(engine_hash)
+            if entry is None:
+                continue
+            entry.copies -= 1
+            if entry.copies == 0:
+                del tier_entries[engine_hash]
+
+    @rule(pod=st.sampled_from(PODS))
+    def clear(self, pod: str) -> None:
+        self.table.apply_cleared(pod)
+        self.model[pod] = PodModel()
+
+    @precondition(lambda self: len(self.model) > 1)
+    @rule(pod=st.sampled_from(PODS))
+    def remove_pod(self, pod: str) -> None:
+        self.table.remove_pod(pod)
+        self.table.register_pod(pod, "m")  # and it comes back empty, reusing its bit
+        self.model[pod] = PodModel()
+
+    @rule(prompt=st.lists(tokens, min_size=0, max_size=10))
+    def remember_prompt(self, prompt: list[int]) -> None:
+        if len(self.prompts) < 40:
+            self.prompts.append(tuple(prompt))
+
+    @invariant()
+    def dump_matches_model(self) -> None:
+        for pod, model in self.model.items():
+            for tier in (Tier.GPU, Tier.CPU, Tier.STORAGE):
+                assert self.table.dump_tiers(pod)[tier] == set(model.tiers[tier]), (pod, tier)
+
+    @invariant()
+    def sizes_match_model(self) -> None:
+        stats = self.table.stats()
+        helds = [model.held() for model in self.model.values()]
+        assert stats.pairs == sum(len(held) for held in helds)
+        assert stats.blocks == len(set().union(*helds))
+        assert stats.engine_entries == sum(
+            len(entries) for m in self.model.values() for entries in m.tiers.values()
+        )
+
+    @invariant()
+    def match_agrees_with_model(self) -> None:
+        helds = {pod: model.held() for pod, model in self.model.items()}
+        for prompt in self.prompts:
+            result = self.table.match(CTX, self.table.prefix_hashes(prompt), PODS)
+            for pod in PODS:
+                expected_tiers = []
+                for end in range(BLOCK, len(prompt) + 1, BLOCK):
+                    tier = helds[pod].get(prompt[:end])
+                    if tier is None:
+                        break
+                    expected_tiers.append(tier)
+                assert result.matched(pod) == len(expected_tiers), (pod, prompt)
+                assert result.tiers(pod) == expected_tiers, (pod, prompt)
+
+
+IndexMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestIndexAgainstReference = IndexMachine.TestCase
