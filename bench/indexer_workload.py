@@ -48,8 +48,8 @@ class FleetWorkload:
     pods: list[str]
     events: dict[str, list[StoredEvent]]
     """Per pod, in publication order."""
-    prompts: list[list[int]]
-    """Token ids of chains some pod holds (for match queries)."""
+    prompts: list[tuple[str, list[int]]]
+    """(a pod holding it, token ids) of chains in the fleet (for match queries)."""
     total_blocks: int
     distinct_blocks: int
 
@@ -80,7 +80,7 @@ def build_fleet(
     contexts: list[list[int]] = []  # chains built so far, for sharing
     names = [f"pod-{i:03d}" for i in range(pods)]
     events: dict[str, list[StoredEvent]] = {}
-    sample_prompts: list[list[int]] = []
+    sample_prompts: list[tuple[str, list[int]]] = []
     distinct: set[bytes] = set()
     total = 0
     for name in names:
@@ -98,7 +98,7 @@ def build_fleet(
             chain = chain[:chain_tokens]
             contexts.append(chain)
             if len(sample_prompts) < prompts and rng.random() < 0.5:
-                sample_prompts.append(chain)
+                sample_prompts.append((name, chain))
             stored += _announce(chain, block_size, salt, held, pod_events, event_blocks)
             distinct.update(held)
         events[name] = pod_events

@@ -15,6 +15,7 @@ import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import islice
 from operator import attrgetter
 
 from indexer.block import Block, PrefixStore
@@ -315,9 +316,10 @@ class SyncPrefixHashTable:
             heapq.heappush(self._expiries, (expiry, self._expiry_seq, state, block))
             refreshed += 1
         overflow = len(expected) - self._limits.max_expected_per_pod
-        for block in list(expected)[: max(overflow, 0)]:
-            del expected[block]
-            self._drop_expected_bit(block, bit)
+        if overflow > 0:
+            for block in list(islice(expected, overflow)):
+                del expected[block]
+                self._drop_expected_bit(block, bit)
         store.last_access = now
         if len(store.blocks) > self._limits.max_prefixes_per_context:
             self._trim(store)
@@ -393,6 +395,7 @@ class SyncPrefixHashTable:
         return {tier: state.engine_hashes(tier) for tier in _REAL}
 
     def stats(self) -> IndexStats:
+        self._expire(self._clock())
         return IndexStats(
             pods=len(self._pods),
             contexts=len(self._stores),

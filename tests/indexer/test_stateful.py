@@ -60,8 +60,11 @@ class PodModel:
 class IndexMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.table: SyncPrefixHashTable = make_table(FakeClock(), block_size=BLOCK)
+        self.clock = FakeClock()
+        self.table: SyncPrefixHashTable = make_table(self.clock, block_size=BLOCK)
         self.model: dict[str, PodModel] = {}
+        # router-side entries: pod -> gateway-block prefix -> expiry
+        self.expected: dict[str, dict[tuple[int, ...], float]] = {pod: {} for pod in PODS}
         self.prompts: list[tuple[int, ...]] = []
         for pod in PODS:
             self.table.register_pod(pod, "m")
@@ -123,6 +126,8 @@ class IndexMachine(RuleBasedStateMachine):
             else:
                 tier_entries[engine_hash] = Entry(prefix, engine_block, parent)
             parent = engine_hash
+        for held_prefix in model.held():  # a BlockStored confirms what the router expected
+            self.expected[pod].pop(held_prefix, None)
         if len(self.prompts) < 40:
             self.prompts.append(prefix)
 
@@ -174,6 +179,25 @@ class IndexMachine(RuleBasedStateMachine):
     def clear(self, pod: str) -> None:
         self.table.apply_cleared(pod)
         self.model[pod] = PodModel()
+        self.expected[pod] = {}
+
+    @precondition(lambda self: self.prompts)
+    @rule(pod=st.sampled_from(PODS), data=st.data(), ttl=st.sampled_from((1.0, 5.0)))
+    def expect(self, pod: str, data: st.DataObject, ttl: float) -> None:
+        """The router sent a prompt to `pod` and records the blocks it expects there."""
+        prompt = data.draw(st.sampled_from(self.prompts))
+        self.table.add_prefix(pod, CTX, self.table.prefix_hashes(prompt), ttl=ttl)
+        held = self.model[pod].held()
+        for end in range(BLOCK, len(prompt) + 1, BLOCK):
+            if prompt[:end] not in held:
+                self.expected[pod][prompt[:end]] = self.clock.now + ttl
+
+    @rule(seconds=st.sampled_from((0.5, 1.0, 3.0)))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+        for entries in self.expected.values():
+            for prefix in [p for p, expiry in entries.items() if expiry <= self.clock.now]:
+                del entries[prefix]
 
     @precondition(lambda self: len(self.model) > 1)
     @rule(pod=st.sampled_from(PODS))
@@ -181,6 +205,7 @@ class IndexMachine(RuleBasedStateMachine):
         self.table.remove_pod(pod)
         self.table.register_pod(pod, "m")  # and it comes back empty, reusing its bit
         self.model[pod] = PodModel()
+        self.expected[pod] = {}
 
     @rule(prompt=st.lists(tokens, min_size=0, max_size=10))
     def remember_prompt(self, prompt: list[int]) -> None:
@@ -198,7 +223,8 @@ class IndexMachine(RuleBasedStateMachine):
         stats = self.table.stats()
         helds = [model.held() for model in self.model.values()]
         assert stats.pairs == sum(len(held) for held in helds)
-        assert stats.blocks == len(set().union(*helds))
+        assert stats.expected == sum(len(entries) for entries in self.expected.values())
+        assert stats.blocks == len(set().union(*helds, *self.expected.values()))
         assert stats.engine_entries == sum(
             len(entries) for m in self.model.values() for entries in m.tiers.values()
         )
@@ -206,6 +232,9 @@ class IndexMachine(RuleBasedStateMachine):
     @invariant()
     def match_agrees_with_model(self) -> None:
         helds = {pod: model.held() for pod, model in self.model.items()}
+        for pod, entries in self.expected.items():
+            for prefix in entries:
+                helds[pod].setdefault(prefix, Tier.EXPECTED)
         for prompt in self.prompts:
             result = self.table.match(CTX, self.table.prefix_hashes(prompt), PODS)
             for pod in PODS:
