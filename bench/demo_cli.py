@@ -8,9 +8,7 @@ import sys
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", type=int, default=4, help="number of simulated engines")
-    parser.add_argument(
-        "--no-serve", action="store_true", help="exit after the results table"
-    )
+    parser.add_argument("--no-serve", action="store_true", help="exit after the results table")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ _MEDIA: dict[str, Tier] = {
     "CUDA": Tier.GPU,
     "DEVICE": Tier.GPU,
     "CPU": Tier.CPU,
+    "CPU_PINNED": Tier.CPU,  # SGLang's pinned host memory
     "HOST": Tier.CPU,
     "STORAGE": Tier.STORAGE,
     "DISK": Tier.STORAGE,

@@ -222,6 +222,22 @@ def test_tiers_are_reported_per_matched_block(table: SyncPrefixHashTable) -> Non
     assert matched(table)["a"] == 0
 
 
+@pytest.mark.parametrize(
+    ("medium", "tier"),
+    [
+        (None, Tier.GPU),
+        ("gpu", Tier.GPU),
+        ("CPU", Tier.CPU),
+        ("CPU_PINNED", Tier.CPU),
+        ("STORAGE", Tier.STORAGE),
+        ("DISK", Tier.STORAGE),
+        ("EXTERNAL", Tier.STORAGE),
+    ],
+)
+def test_media_of_vllm_and_sglang_map_to_tiers(medium: str | None, tier: Tier) -> None:
+    assert Tier.from_medium(medium) is tier
+
+
 def test_unknown_medium_is_the_slowest_tier(table: SyncPrefixHashTable) -> None:
     store_chain(table, "a", [1], medium="NVME_OVER_FABRIC")
     assert table.match(CTX, table.prefix_hashes(TOKENS), ["a"]).tiers("a") == [Tier.STORAGE]

@@ -1,0 +1,58 @@
+"""kvgate subscriber: KV event wire decoding (and, later, the per-pod ZMQ clients)."""
+
+from subscriber.events import (
+    DECODE_REASONS,
+    DEFAULT_LIMITS,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    DecodeError,
+    DecodeLimits,
+    DecodeReason,
+    EngineHash,
+    KVEvent,
+    KVEventBatch,
+    decode_batch,
+    encode_batch,
+)
+from subscriber.frames import (
+    REPLAY_END_SEQ,
+    ReplayEnd,
+    ReplayEntry,
+    decode_pub_message,
+    decode_replay_message,
+    decode_replay_request,
+    encode_pub_message,
+    encode_replay_end,
+    encode_replay_entry,
+    encode_replay_request,
+)
+from subscriber.rejects import RejectCounter, RejectVerdict
+
+__all__ = [
+    "DECODE_REASONS",
+    "DEFAULT_LIMITS",
+    "REPLAY_END_SEQ",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "DecodeError",
+    "DecodeLimits",
+    "DecodeReason",
+    "EngineHash",
+    "KVEvent",
+    "KVEventBatch",
+    "RejectCounter",
+    "RejectVerdict",
+    "ReplayEnd",
+    "ReplayEntry",
+    "decode_batch",
+    "decode_pub_message",
+    "decode_replay_message",
+    "decode_replay_request",
+    "encode_batch",
+    "encode_pub_message",
+    "encode_replay_end",
+    "encode_replay_entry",
+    "encode_replay_request",
+]
