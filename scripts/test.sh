@@ -7,7 +7,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 echo "== ruff check" && ruff check .
 echo "== ruff format --check" && ruff format --check .
-echo "== mypy --strict indexer/ subscriber/" && mypy --strict indexer/ subscriber/
+echo "== mypy --strict indexer/ subscriber/ simulator/" && mypy --strict indexer/ subscriber/ simulator/
 echo "== pytest"
 set +e
 pytest "$@"

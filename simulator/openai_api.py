@@ -1,0 +1,220 @@
+"""vLLM-compatible OpenAI endpoints: `/v1/completions` and `/v1/chat/completions`.
+
+Non-streaming answers carry `usage.prompt_tokens_details.cached_tokens`; streaming answers
+are SSE chunks ending with `data: [DONE]`, plus a final usage chunk (empty `choices`) when
+`stream_options.include_usage` is set. A client that goes away aborts the request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from simulator.chat_template import ChatTemplateError
+from simulator.engine import SimEngine
+from simulator.scheduler import SimRequest
+
+
+class MidstreamCloseError(ConnectionAbortedError):
+    """Raised inside a streaming body to cut the connection (the `close_midstream` fault)."""
+
+
+class RequestError(ValueError):
+    """A bad request body; becomes an OpenAI-style error with `status`."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+
+def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:
+    kinds = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}
+    body = {
+        "error": {
+            "message": message,
+            "type": kinds.get(
+                status, "InternalServerError" if status >= 500 else "BadRequestError"
+            ),
+            "param": param,
+            "code": status,
+        }
+    }
+    return JSONResponse(body, status_code=status)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    return body
+
+
+def check_model(engine: SimEngine, body: dict[str, Any]) -> None:
+    model = body.get("model")
+    if model is not None and model != engine.config.model:
+        raise RequestError(
+            f"The model `{model}` does not exist. Valid aliases: {engine.config.model}.",
+            status=404,
+            param="model",
+        )
+
+
+def prompt_tokens(engine: SimEngine, body: dict[str, Any], *, chat: bool) -> list[int]:
+    """Token ids of a completion `prompt` or chat `messages`, as `/tokenize` computes them."""
+    if chat or "messages" in body:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise RequestError("messages must be a list", param="messages")
+        try:
+            return engine.template.render(
+                messages,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                add_special_tokens=bool(body.get("add_special_tokens", False)),
+            )
+        except ChatTemplateError as exc:
+            raise RequestError(str(exc), param="messages") from exc
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    add_special = bool(body.get("add_special_tokens", True))
+    if isinstance(prompt, str):
+        return engine.tokenizer.encode(prompt, add_special_tokens=add_special)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        if not all(engine.tokenizer.is_valid(t) for t in prompt):
+            raise RequestError("prompt contains token ids outside the vocabulary", param="prompt")
+        return list(prompt)
+    raise RequestError("prompt must be a string or a list of token ids", param="prompt")
+
+
+def _max_tokens(engine: SimEngine, body: dict[str, Any], prompt_len: int) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        value = engine.config.default_max_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RequestError(f"max_tokens must be a positive integer, got {value!r}")
+    limit = engine.config.max_model_len
+    if prompt_len + value > limit or not engine.cache.can_fit(prompt_len + value):
+        raise RequestError(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{prompt_len + value} tokens ({prompt_len} in the messages, {value} in the "
+            "completion). Please reduce the length of the messages or completion.",
+        )
+    return value
+
+
+def _usage(req: SimRequest) -> dict[str, Any]:
+    prompt, completion = len(req.prompt), len(req.generated)
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": req.cached_tokens},
+    }
+
+
+async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) -> Response:
+    body = await read_json(request)
+    check_model(engine, body)
+    prompt = prompt_tokens(engine, body, chat=chat)
+    max_tokens = _max_tokens(engine, body, len(prompt))
+    status = engine.faults.take_request_failure()
+    if status is not None:
+        return error_response("injected failure (sim fault)", status)
+    sim = engine.new_request(prompt, max_tokens)
+    kind = "chatcmpl" if chat else "cmpl"
+    response_id = f"{kind}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = engine.config.model
+    if body.get("stream"):
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage")) if isinstance(options, dict) else False
+        close_early = engine.faults.take_midstream_close()
+        engine.submit(sim)
+        chunks = _stream(engine, sim, chat, response_id, created, model, include_usage, close_early)
+        return StreamingResponse(chunks, media_type="text/event-stream")
+    engine.submit(sim)
+    try:
+        while await sim.stream.get() is not None:
+            pass
+    finally:
+        engine.finish(sim)
+    text = engine.tokenizer.decode(sim.generated)
+    if chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": "length",
+            "stop_reason": None,
+        }
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+        choice["stop_reason"] = None
+    return JSONResponse(
+        {
+            "id": response_id,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": _usage(sim),
+        }
+    )
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def _stream(
+    engine: SimEngine,
+    sim: SimRequest,
+    chat: bool,
+    response_id: str,
+    created: int,
+    model: str,
+    include_usage: bool,
+    close_early: bool,
+) -> AsyncIterator[str]:
+    base = {
+        "id": response_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+    }
+
+    def chunk(text: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {**base, "choices": [choice]}
+
+    try:
+        if chat:
+            yield _sse(chunk(None, None, role=True))
+        sent = 0
+        while (token := await sim.stream.get()) is not None:
+            sent += 1
+            done = len(sim.generated) >= sim.max_tokens and sent == sim.max_tokens
+            yield _sse(chunk(engine.tokenizer.decode([token]), "length" if done else None))
+            if close_early:
+                raise MidstreamCloseError("sim fault: stream closed mid-way")
+        if include_usage:
+            yield _sse({**base, "choices": [], "usage": _usage(sim)})
+        yield "data: [DONE]\n\n"
+    finally:
+        engine.finish(sim)

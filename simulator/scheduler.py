@@ -1,0 +1,210 @@
+"""Continuous-batching scheduler: a bounded running batch, a FIFO waiting queue, engine steps.
+
+Each step admits waiting requests (first come, first served, while the batch has room, the
+step's prefill token budget allows and the cache can reserve their blocks), then lasts the
+model time of their prefill plus one decode step for the requests already running, scaled
+to wall time. At the end of the step admitted requests emit their first token and store
+their prompt blocks, running requests emit one token each (storing blocks they fill), and
+the step's cache events are handed to `on_step_end` as one batch.
+
+Safety net (SGLang's): when nothing runs and the head request cannot be admitted because
+pins hold the cache, every pin is dropped, a warning is logged and `auto_unpins` counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from simulator.cache import PagedPrefixCache
+from simulator.cache_types import Allocation, Tier
+from simulator.latency import LatencyModel
+
+logger = logging.getLogger(__name__)
+
+StepHook = Callable[[], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One generation request; tokens arrive on `stream` as ints, then None (finished)."""
+
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    rng: random.Random
+    vocabulary: tuple[int, ...]
+    arrival: float = 0.0
+    stream: asyncio.Queue[int | None] = field(default_factory=asyncio.Queue)
+    generated: list[int] = field(default_factory=list)
+    alloc: Allocation | None = None
+    cached_tokens: int = 0
+    first_token_at: float | None = None
+    finished: bool = False
+    aborted: bool = False
+
+    def next_token(self) -> int:
+        return self.rng.choice(self.vocabulary)
+
+
+@dataclass
+class SchedulerStats:
+    auto_unpins: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generation_tokens: int = 0
+    finished: int = 0
+    aborted: int = 0
+    steps: int = 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cache: PagedPrefixCache,
+        latency: LatencyModel,
+        *,
+        max_batch: int,
+        max_batched_tokens: int,
+        on_step_end: StepHook,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        extra_delay: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self.cache = cache
+        self.latency = latency
+        self.max_batch = max_batch
+        self.max_batched_tokens = max_batched_tokens
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.stats = SchedulerStats()
+        self.on_first_token: Callable[[SimRequest], None] = lambda request: None
+        self._on_step_end = on_step_end
+        self._clock = clock
+        self._sleep = sleep
+        self._extra_delay = extra_delay
+        self._wake = asyncio.Event()
+
+    def submit(self, request: SimRequest) -> None:
+        request.arrival = self._clock()
+        self.waiting.append(request)
+        self._wake.set()
+
+    def abort(self, request: SimRequest) -> None:
+        """Stop a request (client went away); its cache hold is released at the next step."""
+        request.aborted = True
+        self._wake.set()
+
+    def poke(self) -> None:
+        """Run a step soon even when idle, so pending cache events get published."""
+        self._wake.set()
+
+    def prefill_cost(self, request: SimRequest, alloc: Allocation) -> float:
+        size = self.cache.block_size
+        cached = alloc.matched_blocks * size
+        return self.latency.prefill_seconds(
+            len(request.prompt) - cached,
+            cached,
+            host_tokens=alloc.hits[Tier.CPU] * size,
+            disk_tokens=alloc.hits[Tier.STORAGE] * size,
+        )
+
+    async def run(self) -> None:
+        """The engine loop; sleeps until woken whenever a step made no progress."""
+        while True:
+            if not await self.step():
+                await self._wake.wait()
+
+    async def step(self) -> bool:
+        """One engine step; returns whether any request was admitted or produced a token."""
+        self._wake.clear()
+        self._drop_aborted()
+        decoding = list(self.running)
+        admitted = self._admit()
+        model_time = sum(self.prefill_cost(r, r.alloc) for r in admitted if r.alloc)
+        model_time += self.latency.decode_step_seconds(len(decoding))
+        delay = self.latency.to_wall(model_time) + self._extra_delay()
+        await self._sleep(delay)
+        self.stats.steps += 1
+        for request in admitted:
+            if request.alloc is not None:
+                self.cache.commit(request.alloc, request.prompt)
+            self._emit_token(request)
+        for request in decoding:
+            if not request.aborted:
+                self._emit_token(request)
+        await self._on_step_end()
+        return bool(admitted or decoding)
+
+    def _admit(self) -> list[SimRequest]:
+        admitted: list[SimRequest] = []
+        budget = self.max_batched_tokens
+        while self.waiting and len(self.running) < self.max_batch:
+            request = self.waiting[0]
+            if request.aborted:
+                self.waiting.popleft()
+                continue
+            if admitted and len(request.prompt) > budget:
+                break
+            total = len(request.prompt) + request.max_tokens
+            alloc = self.cache.acquire(request.prompt, total)
+            if alloc is None and not self.running and not admitted and self.cache.pinned_blocks:
+                dropped = self.cache.unpin_all()
+                self.stats.auto_unpins += 1
+                logger.warning(
+                    "auto-unpinned %d pins: request %s needs %d blocks and pins left no room",
+                    dropped,
+                    request.request_id,
+                    self.cache.blocks_needed(total),
+                )
+                alloc = self.cache.acquire(request.prompt, total)
+            if alloc is None:
+                break
+            self.waiting.popleft()
+            request.alloc = alloc
+            request.cached_tokens = alloc.matched_blocks * self.cache.block_size
+            self.stats.prompt_tokens += len(request.prompt)
+            self.stats.cached_tokens += request.cached_tokens
+            budget -= len(request.prompt)
+            self.running.append(request)
+            admitted.append(request)
+        return admitted
+
+    def _emit_token(self, request: SimRequest) -> None:
+        if request.finished or request.aborted:
+            return
+        token = request.next_token()
+        request.generated.append(token)
+        self.stats.generation_tokens += 1
+        if request.first_token_at is None:
+            request.first_token_at = self._clock()
+            self.on_first_token(request)
+        request.stream.put_nowait(token)
+        computed = len(request.prompt) + len(request.generated) - 1
+        if request.alloc is not None and computed // self.cache.block_size > len(
+            request.alloc.blocks
+        ):
+            self.cache.commit(request.alloc, request.prompt + request.generated[:-1])
+        if len(request.generated) >= request.max_tokens:
+            self._finish(request)
+
+    def _finish(self, request: SimRequest) -> None:
+        request.finished = True
+        if request.alloc is not None:
+            self.cache.release(request.alloc)
+        if request in self.running:
+            self.running.remove(request)
+        self.stats.finished += 1
+        request.stream.put_nowait(None)
+
+    def _drop_aborted(self) -> None:
+        for request in [r for r in self.running if r.aborted]:
+            if request.alloc is not None:
+                self.cache.release(request.alloc)
+            self.running.remove(request)
+            self.stats.aborted += 1
+            request.stream.put_nowait(None)
