@@ -285,6 +285,24 @@ class PagedPrefixCache:
             self._sink.block_stored(run, run[0].parent, Tier.STORAGE)
         return restored
 
+    def announce_resident(self) -> int:
+        """Announce every resident block again, parents first (a restarted publisher's
+        subscribers know nothing of what the engine kept). Returns the blocks announced."""
+        announced = 0
+        for tier in (Tier.GPU, Tier.CPU, Tier.STORAGE):
+            run: list[Block] = []
+            for block in self._index.values():  # insertion order: parents before children
+                if tier not in block.tiers:
+                    continue
+                if run and block.parent is not run[-1]:
+                    self._sink.block_stored(run, run[0].parent, tier)
+                    run = []
+                run.append(block)
+                announced += 1
+            if run:
+                self._sink.block_stored(run, run[0].parent, tier)
+        return announced
+
     def _release_reserved(self, alloc: Allocation, n: int) -> None:
         n = min(n, alloc.reserved)
         alloc.reserved -= n

@@ -240,6 +240,11 @@ class SimEngine:
                     self.cache.reset()
                     self.events.take_batch()  # a restarted engine starts empty, silently
                 await self.publisher.restart()
+                if not restart["wipe_cache"]:
+                    self.events.take_batch()  # whatever was pending is in the re-announcement
+                    self.cache.announce_resident()
+            if not restart["wipe_cache"]:
+                await self._publish_pending()
         return armed
 
 

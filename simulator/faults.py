@@ -4,7 +4,9 @@ Faults (any combination in one body):
 - `{"drop_batches": N}`: the next N event batches are not sent on PUB (still replayable).
 - `{"drop_fraction": p, "seconds": s}`: for s seconds each batch is dropped with probability p.
 - `{"restart_publisher": true, "wipe_cache": false}`: new sockets, seq from 0, empty replay
-  buffer (like an engine restart); with `wipe_cache` the cache is emptied too, silently.
+  buffer (like an engine restart); the engine then announces every block it kept, as a
+  restarted engine with a persistent tier does. With `wipe_cache` the cache is emptied,
+  silently, and nothing is announced.
 - `{"stall_ms": ms, "seconds": s}`: for s seconds every engine step takes ms longer.
 - `{"fail_requests": N, "status": 503}`: the next N generation requests fail with that status.
 - `{"close_midstream": N}`: the next N streaming responses are cut after their first chunk.

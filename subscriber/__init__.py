@@ -1,5 +1,6 @@
-"""kvgate subscriber: KV event wire decoding (and, later, the per-pod ZMQ clients)."""
+"""kvgate subscriber: KV event decoding, per-pod ZMQ subscribers with replay, their manager."""
 
+from subscriber.client import PodSubscriber
 from subscriber.events import (
     DECODE_REASONS,
     DEFAULT_LIMITS,
@@ -27,25 +28,38 @@ from subscriber.frames import (
     encode_replay_entry,
     encode_replay_request,
 )
+from subscriber.manager import SubscriberManager
 from subscriber.rejects import RejectCounter, RejectVerdict
+from subscriber.replay import ReplayUnavailableError, fetch_replay
+from subscriber.sink import BatchSink, IndexSink
+from subscriber.status import Phase, PodEndpoint, PodSubscriberStatus, SubscriberSettings
 
 __all__ = [
     "DECODE_REASONS",
     "DEFAULT_LIMITS",
     "REPLAY_END_SEQ",
     "AllBlocksCleared",
+    "BatchSink",
     "BlockRemoved",
     "BlockStored",
     "DecodeError",
     "DecodeLimits",
     "DecodeReason",
     "EngineHash",
+    "IndexSink",
     "KVEvent",
     "KVEventBatch",
+    "Phase",
+    "PodEndpoint",
+    "PodSubscriber",
+    "PodSubscriberStatus",
     "RejectCounter",
     "RejectVerdict",
     "ReplayEnd",
     "ReplayEntry",
+    "ReplayUnavailableError",
+    "SubscriberManager",
+    "SubscriberSettings",
     "decode_batch",
     "decode_pub_message",
     "decode_replay_message",
@@ -55,4 +69,5 @@ __all__ = [
     "encode_replay_end",
     "encode_replay_entry",
     "encode_replay_request",
+    "fetch_replay",
 ]

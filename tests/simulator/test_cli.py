@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import socket
 import sys
 from pathlib import Path
 
 import httpx
 
 from simulator.cli import config_from_args, configure_parser
+from tests.helpers import free_ports
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -49,18 +49,9 @@ def test_fleet_members_get_their_own_ports_and_dirs() -> None:
     assert member.disk_dir == Path("/tmp/x/e1-2")
 
 
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 async def test_fleet_process_serves_and_stops_on_sigint() -> None:
-    http, events = free_ports(2)
+    http = free_ports(2)[0]
+    events = free_ports(4)[0]  # events and replay ports of 2 engines, interleaved
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "simulator", "--fleet", "2", "--base-port", str(http),
         "--events", f"tcp://127.0.0.1:{events}", "--replay", f"tcp://127.0.0.1:{events + 1}",

@@ -12,8 +12,7 @@ import zmq.asyncio
 
 from simulator import EngineServer, SimEngine
 from simulator.wire import BlockStored, decode_batch
-
-from .conftest import StartEngine, loopback_config
+from tests.conftest import StartEngine, loopback_config
 
 PROMPT = "You are a helpful assistant for the golden capture. " * 8
 

@@ -7,7 +7,7 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from .conftest import StartEngine
+from tests.conftest import StartEngine
 
 SYSTEM = "You are a helpful assistant for the golden capture. " * 8
 

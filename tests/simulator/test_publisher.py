@@ -15,9 +15,8 @@ import zmq.asyncio
 
 from simulator import EngineServer
 from simulator.wire import BlockRemoved, BlockStored, KVEvent, decode_batch
+from tests.conftest import StartEngine
 from tests.golden import FRAMES as GOLDEN
-
-from .conftest import StartEngine
 
 END = b"\xff" * 8
 PROMPT = "You are a helpful assistant for the golden capture. " * 6
@@ -206,12 +205,8 @@ async def test_connect_mode_reaches_a_bound_subscriber(
     raise AssertionError("no batch reached the bound SUB")
 
 
-async def test_replayed_events_rebuild_sim_cache_exactly(
-    start_engine: StartEngine, zctx: Sockets
-) -> None:
-    server = await start_engine(gpu_blocks=24, host_blocks=12, max_batch=4)
-    prompts = [f"shared prefix {i % 3} " * 12 + f"tail {i} " * (i % 5 + 1) for i in range(30)]
-    await asyncio.gather(*(complete(server, p, max_tokens=20) for p in prompts))
+async def replayed_tiers(zctx: Sockets, server: EngineServer) -> dict[str, set[int]]:
+    """What a subscriber rebuilds from a full replay: resident hashes per medium."""
     tiers: dict[str, set[int]] = {"GPU": set(), "CPU": set(), "STORAGE": set()}
     for frames in (await replay(zctx, server, 0))[:-1]:
         for event in decode_batch(frames[3]).events:
@@ -222,7 +217,36 @@ async def test_replayed_events_rebuild_sim_cache_exactly(
                 assert event.medium is not None
                 assert event.block_hashes[0] in tiers[event.medium]
                 tiers[event.medium].discard(int(event.block_hashes[0]))
+    return tiers
+
+
+async def sim_cache(server: EngineServer) -> dict[str, set[int]]:
     async with httpx.AsyncClient(base_url=server.url) as client:
         cache = (await client.get("/sim/cache")).json()["tiers"]
-    assert {k: set(v) for k, v in cache.items()} == tiers
+    return {tier: set(hashes) for tier, hashes in cache.items()}
+
+
+async def test_replayed_events_rebuild_sim_cache_exactly(
+    start_engine: StartEngine, zctx: Sockets
+) -> None:
+    server = await start_engine(gpu_blocks=24, host_blocks=12, max_batch=4)
+    prompts = [f"shared prefix {i % 3} " * 12 + f"tail {i} " * (i % 5 + 1) for i in range(30)]
+    await asyncio.gather(*(complete(server, p, max_tokens=20) for p in prompts))
+    tiers = await replayed_tiers(zctx, server)
+    assert await sim_cache(server) == tiers
     assert tiers["CPU"]  # the host tier took GPU evictions
+
+
+async def test_restart_keeping_the_cache_announces_what_it_kept(
+    start_engine: StartEngine, zctx: Sockets
+) -> None:
+    server = await start_engine(gpu_blocks=24, host_blocks=12, max_batch=4)
+    prompts = [f"kept prefix {i % 3} " * 12 + f"tail {i} " * (i % 5 + 1) for i in range(30)]
+    await asyncio.gather(*(complete(server, p, max_tokens=20) for p in prompts))
+    before = await sim_cache(server)
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        body = {"restart_publisher": True, "wipe_cache": False}
+        assert (await client.post("/sim/faults", json=body)).status_code == 200
+    assert await sim_cache(server) == before  # nothing lost...
+    assert await replayed_tiers(zctx, server) == before  # ...and all of it announced from seq 0
+    assert before["GPU"] and before["CPU"]

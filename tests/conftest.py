@@ -1,4 +1,4 @@
-"""Fixtures: real engines on loopback with ephemeral HTTP and ZMQ ports."""
+"""Fixtures shared by every test package: real simulated engines on loopback, ephemeral ports."""
 
 from __future__ import annotations
 

@@ -1,0 +1,384 @@
+"""One pod's KV event subscriber: ZMQ SUB for live batches, DEALER for replay.
+
+The index must equal what the engine holds, so every batch is applied exactly once, in
+seq order, and every doubt is settled by asking the engine's replay buffer:
+
+- start: replay from 0, buffering live batches meanwhile, then continue live;
+- seq == next: apply;
+- seq > next (a gap) or seq < next (a restart, or garbage): replay from the *last applied*
+  seq and compare that batch's digest with the one applied. Same batch → the engine's
+  history is ours: apply what follows (nothing follows → the odd seq was bogus). Missing
+  or different → the engine restarted: reset the pod, replay from 0. First replayed seq
+  later than asked → the buffer no longer reaches back: reset, rebuild from what it has,
+  and mark the pod *degraded* (its index may miss blocks) until an AllBlocksCleared or an
+  engine restart gives a known-empty start again;
+- replay unavailable (no endpoint, timeout): reset, take the next live batch as the new
+  baseline, degraded — unless that batch is seq 0 (the engine just started: nothing missed).
+
+A batch that cannot be decoded is counted (per pod, per reason) and skipped; it never
+stops the subscriber. The live queue is bounded: on overflow the newest batches are
+dropped, which shows up as a gap and is repaired by replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+
+import xxhash
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from subscriber.events import AllBlocksCleared, DecodeError, KVEventBatch, decode_batch
+from subscriber.frames import ReplayEntry, decode_pub_message
+from subscriber.rejects import RejectCounter
+from subscriber.replay import ReplayUnavailableError, fetch_replay
+from subscriber.sink import BatchSink
+from subscriber.status import (
+    Phase,
+    PodEndpoint,
+    PodSubscriberStatus,
+    SubscriberCounters,
+    SubscriberSettings,
+)
+
+logger = logging.getLogger(__name__)
+
+_CONNECTION_UP = zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED
+_CONNECTION_DOWN = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+
+
+class PodSubscriber:
+    """Keeps one pod's entries in the sink equal to what the pod's engine holds."""
+
+    def __init__(
+        self,
+        endpoint: PodEndpoint,
+        *,
+        context: zmq.asyncio.Context,
+        sink: BatchSink,
+        rejects: RejectCounter,
+        settings: SubscriberSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._context = context
+        self._sink = sink
+        self._rejects = rejects
+        self._settings = settings or SubscriberSettings()
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._phase = Phase.STARTING
+        self._connected = False
+        self._last_seq: int | None = None
+        self._last_digest = 0
+        # seq -> digest of recently applied batches: a live batch already applied by a
+        # replay is recognised as a duplicate, not mistaken for an engine restart.
+        self._recent: dict[int, int] = {}
+        self._recent_order: deque[int] = deque()
+        self._whole = False
+        self._degraded_reason: str | None = "not started"
+        # Set when no replay could settle a doubt: the next live batch, whatever its seq,
+        # becomes the new baseline of a reset pod.
+        self._rebaseline = False
+        self._counters = SubscriberCounters()
+        self._last_message_at: float | None = None
+        self._queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(
+            maxsize=self._settings.live_queue
+        )
+
+    # -- public ---------------------------------------------------------------------------
+
+    def status(self) -> PodSubscriberStatus:
+        counters = self._counters
+        return PodSubscriberStatus(
+            pod=self.endpoint.name,
+            phase=self._phase,
+            connected=self._connected,
+            last_seq=self._last_seq,
+            whole=self._whole,
+            degraded_reason=self._degraded_reason,
+            batches_applied=counters.batches_applied,
+            replays=counters.replays,
+            restarts=counters.restarts,
+            gaps=counters.gaps,
+            live_dropped=counters.live_dropped,
+            frames_rejected=counters.frames_rejected,
+            last_message_at=self._last_message_at,
+        )
+
+    async def run(self) -> None:
+        """Subscribe until cancelled, reconnecting with capped exponential backoff."""
+        delay = self._settings.reconnect_initial_s
+        try:
+            while True:
+                started = self._clock()
+                try:
+                    await self._session()
+                except (zmq.ZMQError, OSError) as exc:
+                    logger.warning("kv events of %s: %s; reconnecting", self.endpoint.name, exc)
+                except Exception:
+                    # A bug must not silently end this pod's subscription: log it, start over.
+                    logger.exception("kv events of %s: subscriber failed", self.endpoint.name)
+                if self._clock() - started > self._settings.reconnect_max_s:
+                    delay = self._settings.reconnect_initial_s  # it had been healthy
+                self._phase = Phase.BACKOFF
+                self._connected = False
+                await asyncio.sleep(delay * (0.5 + self._rng.random()))
+                delay = min(delay * 2, self._settings.reconnect_max_s)
+        finally:
+            self._phase = Phase.STOPPED
+            self._connected = False
+
+    # -- one socket lifetime --------------------------------------------------------------
+
+    async def _session(self) -> None:
+        sub, monitor = self._open_sub()
+        name = self.endpoint.name
+        tasks = [
+            asyncio.create_task(self._read_live(sub), name=f"kv-live-{name}"),
+            asyncio.create_task(self._watch_connection(sub, monitor), name=f"kv-mon-{name}"),
+        ]
+        try:
+            if self._last_seq is None:
+                await self._replay_from_start()
+            else:
+                await self._catch_up("reconnected")
+            self._phase = Phase.LIVE
+            while True:
+                seq, payload = await self._next_live(tasks[0])
+                await self._on_live(seq, payload)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
+                    await task
+            sub.close(linger=0)
+
+    def _open_sub(self) -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+        """The SUB socket, and its monitor (attached before connecting, so no event is missed)."""
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, self._settings.live_queue)
+        sub.setsockopt(zmq.MAXMSGSIZE, self._settings.decode_limits.max_payload_bytes + 4096)
+        sub.setsockopt(zmq.RECONNECT_IVL, int(self._settings.reconnect_initial_s * 1000))
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, int(self._settings.reconnect_max_s * 1000))
+        sub.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
+        monitor = sub.get_monitor_socket(_CONNECTION_UP | _CONNECTION_DOWN)
+        if self.endpoint.bind:
+            sub.bind(self.endpoint.events)
+        else:
+            sub.connect(self.endpoint.events)
+        return sub, monitor
+
+    async def _read_live(self, sub: zmq.asyncio.Socket) -> None:
+        queue = self._queue
+        while True:
+            frames = await sub.recv_multipart()
+            self._last_message_at = self._clock()
+            try:
+                _topic, seq, payload = decode_pub_message(frames)
+            except DecodeError as exc:
+                self._reject(exc)
+                continue
+            if queue.full():
+                self._counters.live_dropped += 1  # the seq gap brings it back by replay
+                continue
+            queue.put_nowait((seq, payload))
+
+    async def _next_live(self, reader: asyncio.Task[None]) -> tuple[int, bytes]:
+        if not self._queue.empty():
+            return self._queue.get_nowait()
+        getter = asyncio.ensure_future(self._queue.get())
+        try:
+            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        reader.result()  # re-raises why the reader stopped
+        raise zmq.ZMQError(msg="live reader stopped")
+
+    async def _watch_connection(self, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] & _CONNECTION_UP:
+                    self._connected = True
+                elif event["event"] & _CONNECTION_DOWN:
+                    self._connected = False
+        finally:
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disable_monitor()
+            monitor.close(linger=0)
+
+    # -- live batches ---------------------------------------------------------------------
+
+    async def _on_live(self, seq: int, payload: bytes) -> None:
+        batch = self._decode(payload)
+        if batch is None:
+            # Not applied and `last_seq` not advanced: garbage is ignored whatever its seq,
+            # and a real batch that cannot be decoded shows up as a gap at the next one.
+            return
+        if self._rebaseline:
+            self._rebaseline = False
+            if seq == 0:
+                self._mark_whole()  # a fresh engine: we see it from its first batch
+            self._apply(seq, payload, batch)
+            return
+        expected = 0 if self._last_seq is None else self._last_seq + 1
+        if seq == expected:
+            self._apply(seq, payload, batch)
+            return
+        if seq < expected and self._recent.get(seq) == _digest(payload):
+            return  # a batch the replay already applied
+        if seq > expected:
+            self._counters.gaps += 1
+        if not await self._catch_up(f"live seq {seq}, expected {expected}"):
+            await self._on_live(seq, payload)  # nothing settled it: the new baseline
+
+    def _decode(self, payload: bytes) -> KVEventBatch | None:
+        try:
+            return decode_batch(payload, limits=self._settings.decode_limits)
+        except DecodeError as exc:
+            self._reject(exc)
+            return None
+
+    def _apply(self, seq: int, payload: bytes, batch: KVEventBatch) -> None:
+        self._sink.apply(self.endpoint.name, batch)
+        self._counters.batches_applied += 1
+        self._advance(seq, payload)
+        if any(isinstance(event, AllBlocksCleared) for event in batch.events):
+            self._mark_whole()  # the engine is empty: whatever we missed is gone
+
+    def _advance(self, seq: int, payload: bytes) -> None:
+        digest = _digest(payload)
+        self._last_seq = seq
+        self._last_digest = digest
+        self._recent[seq] = digest
+        self._recent_order.append(seq)
+        while len(self._recent_order) > self._settings.live_queue:
+            self._recent.pop(self._recent_order.popleft(), None)
+
+    # -- replay ---------------------------------------------------------------------------
+
+    async def _replay_from_start(self) -> None:
+        """Rebuild the pod from the engine's whole replay buffer."""
+        self._reset(degraded="replaying")
+        try:
+            entries = await self._replay(0)
+        except ReplayUnavailableError as exc:
+            self._degrade(f"no replay ({exc}): the index holds only batches seen live")
+            self._rebaseline = True
+            return
+        if entries and entries[0].seq != 0:
+            self._degrade(f"replay buffer starts at seq {entries[0].seq}: older blocks unknown")
+        else:
+            self._mark_whole()
+        self._apply_entries(entries)
+
+    async def _catch_up(self, why: str) -> bool:
+        """Settle a gap, an odd seq or a reconnect by replaying from the last applied seq.
+
+        False when no replay could settle it: the pod was reset and the next live batch
+        becomes its new baseline.
+        """
+        last = self._last_seq
+        if last is None:
+            await self._replay_from_start()
+            return not self._rebaseline
+        try:
+            entries = await self._replay(last)
+        except ReplayUnavailableError as exc:
+            self._reset(degraded=f"{why}; no replay ({exc}): pod reset")
+            self._rebaseline = True
+            return False
+        if not entries or entries[0].seq < last:
+            self._engine_restarted(why)
+            await self._replay_from_start()
+        elif entries[0].seq > last:
+            lost = f"seq {last + 1}..{entries[0].seq - 1} lost"
+            self._reset(degraded=f"{why}; replay buffer overrun ({lost})")
+            self._apply_entries(entries)
+        elif _digest(entries[0].payload) != self._last_digest:
+            self._engine_restarted(why)
+            await self._replay_from_start()
+        else:
+            self._apply_entries(entries[1:])
+        return not self._rebaseline
+
+    async def _replay(self, start: int) -> list[ReplayEntry]:
+        if self.endpoint.replay is None:
+            raise ReplayUnavailableError("the pod has no replay endpoint")
+        self._counters.replays += 1
+        previous_phase, self._phase = self._phase, Phase.REPLAYING
+        try:
+            return await fetch_replay(
+                self._context,
+                self.endpoint.replay,
+                start,
+                timeout_s=self._settings.replay_timeout_s,
+                max_message_bytes=self._settings.decode_limits.max_payload_bytes + 4096,
+                on_reject=self._reject,
+            )
+        finally:
+            self._phase = previous_phase
+
+    def _apply_entries(self, entries: list[ReplayEntry]) -> None:
+        for entry in entries:
+            if self._last_seq is not None and entry.seq != self._last_seq + 1:
+                self._degrade(f"replay skipped from seq {self._last_seq} to {entry.seq}")
+            batch = self._decode(entry.payload)
+            if batch is None:  # the engine's own copy is unreadable: step over it
+                self._advance(entry.seq, entry.payload)
+                self._degrade(f"batch {entry.seq} could not be decoded")
+                continue
+            self._apply(entry.seq, entry.payload, batch)
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _reset(self, *, degraded: str) -> None:
+        self._sink.reset(self.endpoint.name)
+        self._rebaseline = False
+        self._last_seq = None
+        self._last_digest = 0
+        self._recent.clear()
+        self._recent_order.clear()
+        self._degrade(degraded)
+
+    def _engine_restarted(self, why: str) -> None:
+        self._counters.restarts += 1
+        logger.info("kv events of %s: engine restarted (%s); rebuilding", self.endpoint.name, why)
+
+    def _degrade(self, reason: str) -> None:
+        self._whole = False
+        self._degraded_reason = reason
+
+    def _mark_whole(self) -> None:
+        self._whole = True
+        self._degraded_reason = None
+
+    def _reject(self, exc: DecodeError) -> None:
+        self._counters.frames_rejected += 1
+        verdict = self._rejects.record(self.endpoint.name, exc.reason)
+        if verdict.should_log:
+            logger.warning(
+                "kv events of %s: rejected a frame (%s: %s)%s",
+                self.endpoint.name,
+                exc.reason,
+                exc.detail,
+                f"; {verdict.suppressed} more since the last report" if verdict.suppressed else "",
+            )
+
+
+def _digest(payload: bytes) -> int:
+    return xxhash.xxh64_intdigest(payload)

@@ -1,0 +1,73 @@
+"""A pod subscriber's configuration and the state it reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from subscriber.events import DEFAULT_LIMITS, DecodeLimits
+
+
+@dataclass(frozen=True, slots=True)
+class PodEndpoint:
+    """Where a pod publishes its KV events."""
+
+    name: str
+    model: str
+    events: str
+    """ZMQ endpoint of the pod's PUB socket (or ours to bind, when `bind`)."""
+    replay: str | None = None
+    """ZMQ endpoint of the pod's replay ROUTER socket, if it has one."""
+    topic: str = ""
+    """Topic prefix to subscribe to ("" = everything the socket sends)."""
+    bind: bool = False
+    """Bind `events` and let the engine connect (engines configured to connect out)."""
+    lora_names: Mapping[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriberSettings:
+    replay_timeout_s: float = 3.0
+    """Longest wait for each replay reply (and for the first)."""
+    live_queue: int = 10_000
+    """Live batches buffered while a replay runs; beyond it they are dropped (and replayed)."""
+    reconnect_initial_s: float = 0.1
+    reconnect_max_s: float = 10.0
+    decode_limits: DecodeLimits = DEFAULT_LIMITS
+
+
+class Phase(StrEnum):
+    STARTING = "starting"
+    REPLAYING = "replaying"
+    LIVE = "live"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class PodSubscriberStatus:
+    pod: str
+    phase: Phase
+    connected: bool
+    last_seq: int | None
+    whole: bool
+    """True when the index holds everything the engine announced since a known-empty start."""
+    degraded_reason: str | None
+    batches_applied: int
+    replays: int
+    restarts: int
+    gaps: int
+    live_dropped: int
+    frames_rejected: int
+    last_message_at: float | None
+
+
+@dataclass(slots=True)
+class SubscriberCounters:
+    batches_applied: int = 0
+    replays: int = 0
+    restarts: int = 0
+    gaps: int = 0
+    live_dropped: int = 0
+    frames_rejected: int = 0

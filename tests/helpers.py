@@ -1,0 +1,66 @@
+"""Small helpers for tests that wait on real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+Check = Callable[[], bool] | Callable[[], Awaitable[bool]]
+
+
+async def eventually(check: Check, *, within: float = 10.0, what: str = "condition") -> None:
+    """Wait until `check()` is true; fail after `within` seconds (a bound, not a timing claim)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} not reached within {within} s")
+        await asyncio.sleep(0.05)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_ports(count: int = 1) -> list[int]:
+    """`count` consecutive loopback TCP ports that are free now, for components that must be
+    told their port up front.
+
+    Chosen below the kernel's ephemeral range: the suite's own outgoing connections take
+    ephemeral ports, and a port picked there (or next to one) can be taken by the time it
+    is bound.
+    """
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, max(10_001, low - count))
+        probes: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                probe = socket.socket()
+                probes.append(probe)
+                probe.bind(("127.0.0.1", port))
+            return list(range(base, base + count))
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise RuntimeError(f"no {count} consecutive free ports below {low}")
+
+
+def free_port() -> int:
+    return free_ports(1)[0]

@@ -1,0 +1,301 @@
+"""PodSubscriber and SubscriberManager against real simulated engines over real ZMQ.
+
+After every fault the index must equal what the engine reports in GET /sim/cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import zmq
+import zmq.asyncio
+
+from indexer import IndexConfig, SyncPrefixHashTable, Tier
+from simulator import EngineServer
+from subscriber import (
+    IndexSink,
+    Phase,
+    PodEndpoint,
+    SubscriberManager,
+    SubscriberSettings,
+    encode_pub_message,
+)
+from tests.conftest import StartEngine
+from tests.helpers import eventually, free_port
+
+SETTINGS = SubscriberSettings(replay_timeout_s=1.0, reconnect_initial_s=0.05, reconnect_max_s=0.5)
+
+
+class Fleet:
+    """The gateway side under test: an index fed by a subscriber manager."""
+
+    def __init__(self, manager: SubscriberManager, table: SyncPrefixHashTable) -> None:
+        self.manager = manager
+        self.table = table
+
+    async def subscribe(self, server: EngineServer, **overrides: Any) -> PodEndpoint:
+        endpoint = endpoint_of(server, **overrides)
+        await self.manager.upsert(endpoint)
+        return endpoint
+
+    async def in_sync(self, server: EngineServer) -> bool:
+        pod = server.engine.config.name
+        if not self.table.has_pod(pod):
+            return False
+        held = self.table.dump_tiers(pod)
+        indexed = {tier.name: held[tier] for tier in (Tier.GPU, Tier.CPU, Tier.STORAGE)}
+        return indexed == await sim_cache(server)
+
+    async def wait_in_sync(self, server: EngineServer) -> None:
+        await eventually(lambda: self.in_sync(server), what="index == /sim/cache")
+
+    def status(self, server: EngineServer) -> Any:
+        return self.manager.status(server.engine.config.name)
+
+
+def endpoint_of(server: EngineServer, **overrides: Any) -> PodEndpoint:
+    engine = server.engine
+    fields: dict[str, Any] = {
+        "name": engine.config.name,
+        "model": engine.config.model,
+        "events": engine.publisher.events_endpoint,
+        "replay": engine.publisher.replay_endpoint,
+        "topic": engine.config.topic,
+    }
+    fields.update(overrides)
+    return PodEndpoint(**fields)
+
+
+async def sim_cache(server: EngineServer) -> dict[str, set[int]]:
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        tiers = (await client.get("/sim/cache")).json()["tiers"]
+    return {tier: set(hashes) for tier, hashes in tiers.items()}
+
+
+async def complete(server: EngineServer, prompt: str, max_tokens: int = 4) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        body = {"model": server.engine.config.model, "prompt": prompt, "max_tokens": max_tokens}
+        response = await client.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+
+
+async def traffic(server: EngineServer, tag: str, requests: int = 4) -> None:
+    for i in range(requests):
+        await complete(server, f"system {i % 2} " * 20 + f"{tag} question {i} " * 6)
+
+
+async def arm(server: EngineServer, **fault: Any) -> None:
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        response = await client.post("/sim/faults", json=fault)
+        assert response.status_code == 200, response.text
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Fleet]:
+    table = SyncPrefixHashTable(IndexConfig(block_size=16))
+    async with SubscriberManager(IndexSink(table), settings=SETTINGS) as manager:
+        yield Fleet(manager, table)
+
+
+async def test_late_start_is_filled_by_replay_then_follows_live(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    server = await start_engine()
+    await traffic(server, "before")
+    await fleet.subscribe(server)
+    await fleet.wait_in_sync(server)
+    await traffic(server, "after")
+    await fleet.wait_in_sync(server)
+    status = fleet.status(server)
+    assert status.phase is Phase.LIVE
+    assert status.whole
+    assert status.degraded_reason is None
+    assert status.connected
+    assert status.gaps == 0
+    assert status.last_seq is not None
+    assert fleet.table.stats().broken_chain_events == 0
+
+
+async def test_dropped_batches_are_replayed(start_engine: StartEngine, fleet: Fleet) -> None:
+    server = await start_engine()
+    await fleet.subscribe(server)
+    await traffic(server, "warm")
+    await fleet.wait_in_sync(server)
+    await arm(server, drop_batches=3)
+    await traffic(server, "lossy", requests=6)
+    await fleet.wait_in_sync(server)
+    status = fleet.status(server)
+    assert status.gaps >= 1
+    assert status.whole
+
+
+@pytest.mark.parametrize("wipe", [False, True], ids=["cache-kept", "cache-wiped"])
+async def test_publisher_restart_rebuilds_the_pod(
+    start_engine: StartEngine, fleet: Fleet, wipe: bool
+) -> None:
+    server = await start_engine()
+    await fleet.subscribe(server)
+    await traffic(server, "first life", requests=6)
+    await fleet.wait_in_sync(server)
+    await arm(server, restart_publisher=True, wipe_cache=wipe)
+    await traffic(server, "second life")
+    await fleet.wait_in_sync(server)
+    status = fleet.status(server)
+    assert status.restarts >= 1
+    assert status.whole
+
+
+async def test_replay_buffer_overrun_resets_and_never_leaves_stale_blocks(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    server = await start_engine(replay_buffer=2, gpu_blocks=64)
+    await fleet.subscribe(server)
+    await traffic(server, "warm")
+    await fleet.wait_in_sync(server)
+    await arm(server, drop_batches=5)
+    await traffic(server, "overrun", requests=8)
+    pod = server.engine.config.name
+    await eventually(lambda: not fleet.status(server).whole, what="pod marked degraded")
+    assert "overrun" in (fleet.status(server).degraded_reason or "")
+    await traffic(server, "later", requests=2)
+    # Whatever the index holds, the engine holds: nothing stale survived the reset.
+    await eventually(lambda: fleet.status(server).phase is Phase.LIVE, what="live again")
+    cache = await sim_cache(server)
+    assert fleet.table.dump(pod) <= set().union(*cache.values())
+    # A reset of the engine's cache makes the pod whole again.
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        assert (await client.post("/reset_prefix_cache")).status_code == 200
+    await traffic(server, "fresh", requests=2)
+    await fleet.wait_in_sync(server)
+    assert fleet.status(server).whole
+
+
+async def test_engine_killed_and_restarted_on_the_same_address(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    first = await start_engine(name="e-restart")
+    endpoint = await fleet.subscribe(first)
+    await traffic(first, "first process")
+    await fleet.wait_in_sync(first)
+    port = first.port
+    await first.stop()
+    await eventually(lambda: not fleet.status(first).connected, what="disconnect seen")
+    second = await start_engine(
+        name="e-restart",
+        port=port,
+        events_endpoint=endpoint.events,
+        replay_endpoint=endpoint.replay,
+    )
+    await traffic(second, "second process")
+    await fleet.wait_in_sync(second)
+    status = fleet.status(second)
+    assert status.restarts >= 1
+    assert status.whole
+    assert status.connected
+
+
+async def test_garbage_frames_are_counted_and_leave_the_index_alone(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    # The gateway binds; the engine and a garbage publisher both connect to it.
+    bound = f"tcp://127.0.0.1:{free_port()}"
+    server = await start_engine(events_endpoint=bound, events_mode="connect")
+    await fleet.subscribe(server, events=bound, bind=True)
+    await traffic(server, "clean")
+    await fleet.wait_in_sync(server)
+    before = fleet.table.dump(server.engine.config.name)
+
+    context = zmq.asyncio.Context()
+    garbage = context.socket(zmq.PUB)
+    garbage.setsockopt(zmq.LINGER, 0)
+    garbage.connect(bound)
+    topic = server.engine.config.topic.encode()
+    last = fleet.status(server).last_seq
+    messages = [
+        [topic, b"\x00" * 8],  # two frames
+        [topic, b"\x01\x02", b"\x90"],  # a 2-byte seq
+        [topic, (last + 1).to_bytes(8, "big"), b"not msgpack at all"],  # the next seq, junk
+        encode_pub_message(server.engine.config.topic, 10**9, b"\x93\xcb"),  # truncated batch
+        [topic, (last + 1).to_bytes(8, "big"), b"\x93\xa3abc\x90\xc0"],  # ts is a string
+    ]
+    try:
+        await eventually(lambda: fleet.status(server).connected, what="connected")
+        for _ in range(40):  # PUB drops until connected; send until some arrive
+            for frames in messages:
+                await garbage.send_multipart(frames)
+            await asyncio.sleep(0.05)
+            if fleet.status(server).frames_rejected >= 10:
+                break
+    finally:
+        garbage.close(linger=0)
+        context.destroy(linger=0)
+    status = fleet.status(server)
+    assert status.frames_rejected >= 10
+    assert status.whole
+    assert fleet.table.dump(server.engine.config.name) == before
+    rejects = fleet.manager.rejects.snapshot()
+    reasons = {reason for (pod, reason) in rejects if pod == server.engine.config.name}
+    assert {"frame_count", "bad_seq", "msgpack", "bad_timestamp"} <= reasons
+    await traffic(server, "still fine")
+    await fleet.wait_in_sync(server)
+
+
+async def test_pod_without_replay_stays_degraded_until_a_reset(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    server = await start_engine()
+    await traffic(server, "unseen")  # published before we subscribe: lost for good
+    await fleet.subscribe(server, replay=None)
+    await traffic(server, "seen")
+    await eventually(lambda: fleet.status(server).batches_applied > 0, what="live batches")
+    status = fleet.status(server)
+    assert not status.whole
+    assert "no replay" in (status.degraded_reason or "")
+    await arm(server, drop_batches=2)
+    await traffic(server, "gap", requests=4)
+    await eventually(lambda: fleet.status(server).gaps >= 1, what="gap seen")
+    assert not fleet.status(server).whole  # never whole after a gap without replay
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        assert (await client.post("/reset_prefix_cache")).status_code == 200
+    await traffic(server, "after reset")
+    await fleet.wait_in_sync(server)
+    assert fleet.status(server).whole
+
+
+async def test_manager_follows_discovery_and_shuts_down_cleanly(
+    start_engine: StartEngine,
+) -> None:
+    one = await start_engine(name="one")
+    two = await start_engine(name="two")
+    table = SyncPrefixHashTable(IndexConfig(block_size=16))
+    manager = SubscriberManager(IndexSink(table), settings=SETTINGS)
+    fleet = Fleet(manager, table)
+    await fleet.subscribe(one)
+    await fleet.subscribe(two)
+    await fleet.subscribe(two)  # unchanged: a no-op
+    await traffic(one, "one")
+    await traffic(two, "two")
+    await fleet.wait_in_sync(one)
+    await fleet.wait_in_sync(two)
+    assert sorted(manager.pods()) == ["one", "two"]
+
+    await manager.remove("two")
+    assert not table.has_pod("two")
+    assert manager.status("two") is None
+
+    # "one" changes address (here: its topic) -> its subscriber restarts from scratch
+    await fleet.subscribe(one, topic="kv-events-other")
+    assert manager.status("one").batches_applied == 0  # type: ignore[union-attr]
+    await fleet.subscribe(one)
+    await fleet.wait_in_sync(one)
+
+    await manager.close()
+    leftovers = [t for t in asyncio.all_tasks() if t.get_name().startswith("kv-")]
+    assert leftovers == []
+    assert table.has_pod("one")  # closing keeps the index; removing a pod drops it
+    with pytest.raises(RuntimeError, match="closed"):
+        await manager.upsert(endpoint_of(one))
