@@ -50,7 +50,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 def _load(module_name: str) -> _Component:
-    component: _Component = importlib.import_module(module_name)  # type: ignore[assignment]
+    component: _Component = importlib.import_module(module_name)
     return component
 
 

@@ -3,15 +3,62 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import sys
+from pathlib import Path
 
-from gateway.not_ready import not_yet_available
+import uvicorn
+
+from gateway.runtime import tune_gc
+from gateway.settings import POLICIES, Settings
+from indexer import ConfigError
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pods", metavar="FILE", help="static discovery file (pods.json)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8080, help="port to listen on")
+    parser.add_argument(
+        "--pods", type=Path, metavar="FILE", help="static discovery file, JSON or TOML "
+        "(env KVGATE_PODS_FILE); reloaded when it changes or on SIGHUP",
+    )  # fmt: skip
+    parser.add_argument("--host", help="address to listen on (env KVGATE_HOST, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (env KVGATE_PORT, 8080)")
+    parser.add_argument(
+        "--policy", choices=POLICIES, help="default routing policy (env KVGATE_DEFAULT_POLICY)"
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_yet_available("serve")
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape otherwise
+    overrides = {
+        "pods_file": args.pods,
+        "host": args.host,
+        "port": args.port,
+        "default_policy": args.policy,
+    }
+    try:
+        settings = Settings.load(os.environ, overrides)
+        if settings.pods_file is None:
+            raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
+        from gateway.app import create_app
+
+        app = create_app(settings)
+    except ConfigError as exc:
+        print(f"kvgate serve: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    tune_gc(settings.gc_gen0_threshold)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        timeout_keep_alive=30,
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,144 @@
+"""The admin API: what the gateway knows and why it routes where it does.
+
+Only with `Authorization: Bearer <KVGATE_ADMIN_TOKEN>`; without a configured token the
+whole API answers 404.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.api import read_json, requested_policy, validate
+from gateway.errors import BadRequest, NotFound, Unauthorized
+from gateway.registry import PodState
+from gateway.router import Kind
+from gateway.state import GatewayState, state_of
+from indexer import EngineHash, Tier
+
+
+def _authorized(request: Request) -> GatewayState:
+    gateway = state_of(request)
+    token = gateway.settings.admin_token
+    if token is None:
+        raise NotFound("the admin API is disabled: set KVGATE_ADMIN_TOKEN to enable it")
+    given = request.headers.get("authorization", "")
+    scheme, _, credentials = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip(), token):
+        raise Unauthorized("admin API: missing or wrong bearer token")
+    return gateway
+
+
+def _wire_form(engine_hash: EngineHash) -> int | str:
+    """As the engine published it: ints stay ints, raw digests become hex."""
+    return engine_hash.hex() if isinstance(engine_hash, bytes) else engine_hash
+
+
+def _pod_view(gateway: GatewayState, state: PodState) -> dict[str, Any]:
+    pod = state.pod
+    status = gateway.registry.subscriber_status(state.name)
+    view: dict[str, Any] = {
+        "name": pod.name,
+        "url": pod.url,
+        "model": pod.model,
+        "engine": pod.engine,
+        "loras": list(pod.loras),
+        "ready": pod.ready,
+        "healthy": state.healthy,
+        "load": {
+            "inflight": state.inflight,
+            "running": state.running,
+            "waiting": state.waiting,
+            "kv_usage": state.kv_usage,
+        },
+        "index": gateway.registry.index_mode(state.name),
+        "events": pod.events,
+        "subscriber": None,
+    }
+    if status is not None:
+        view["subscriber"] = {
+            "phase": status.phase.value,
+            "connected": status.connected,
+            "last_seq": status.last_seq,
+            "whole": status.whole,
+            "degraded_reason": status.degraded_reason,
+            "replays": status.replays,
+            "restarts": status.restarts,
+            "gaps": status.gaps,
+            "frames_rejected": status.frames_rejected,
+            "batches_applied": status.batches_applied,
+        }
+    if gateway.table.has_pod(state.name):
+        view["index_blocks"] = len(gateway.table.dump(state.name))
+    return view
+
+
+async def pods(request: Request) -> Response:
+    gateway = _authorized(request)
+    return JSONResponse({"pods": [_pod_view(gateway, s) for s in gateway.registry.all()]})
+
+
+async def index(request: Request) -> Response:
+    gateway = _authorized(request)
+    name = request.query_params.get("pod")
+    if not name:
+        raise BadRequest("query parameter `pod` is required", param="pod")
+    if gateway.registry.get(name) is None or not gateway.table.has_pod(name):
+        raise NotFound(f"no indexed pod named {name!r}", param="pod")
+    status = gateway.registry.subscriber_status(name)
+    tiers = gateway.table.dump_tiers(name)
+    return JSONResponse(
+        {
+            "pod": name,
+            "state": gateway.registry.index_mode(name),
+            "last_seq": status.last_seq if status is not None else None,
+            "engine_hashes": {
+                tier.name: sorted(_wire_form(h) for h in tiers[tier])
+                for tier in (Tier.GPU, Tier.CPU, Tier.STORAGE)
+            },
+        }
+    )
+
+
+async def match(request: Request) -> Response:
+    """Exactly what a routing decision would see for this prompt, without sending it."""
+    gateway = _authorized(request)
+    body = await read_json(request, gateway.settings.max_body_bytes)
+    kind: Kind = "chat" if "messages" in body else "completion"
+    validate(kind, body)
+    profile = gateway.router.policy(requested_policy(request))
+    routed = await gateway.router.route(kind, body, profile, always_match=True)
+    decision = routed.decision
+    result = routed.request.match
+    ranked = {state.name: rank for rank, state in enumerate(decision.ranking)}
+    pods_view: dict[str, Any] = {}
+    for state in gateway.registry.serving(body["model"]):
+        counts = result.tier_counts(state.name) if result is not None else {}
+        pods_view[state.name] = {
+            "matched_blocks": routed.matched_blocks(state.name),
+            "tiers": {tier.name: n for tier, n in counts.items() if n},
+            "score": decision.scores.get(state.name),
+            "scores": decision.components.get(state.name),
+            "rank": ranked.get(state.name),
+            "eligible": state.name in ranked,
+        }
+    return JSONResponse(
+        {
+            "model": body["model"],
+            "policy": decision.policy,
+            "prompt_blocks": routed.request.prompt_blocks,
+            "chosen": decision.ranking[0].name if decision.ranking else None,
+            "pods": pods_view,
+        }
+    )
+
+
+routes = [
+    Route("/admin/pods", pods, methods=["GET"]),
+    Route("/admin/index", index, methods=["GET"]),
+    Route("/admin/match", match, methods=["POST"]),
+]

@@ -1,0 +1,157 @@
+"""The OpenAI-compatible endpoints, /v1/models, /health, /ready and /metrics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.errors import BadRequest, PayloadTooLarge
+from gateway.proxy import ProxyRequest
+from gateway.registry import PodState
+from gateway.router import Kind, Routed
+from gateway.state import GatewayState, state_of
+from subscriber import Phase
+
+POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object, refusing more than `limit` bytes (413)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def validate(kind: Kind, body: dict[str, Any]) -> None:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("`model` is required and must be a non-empty string", param="model")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise BadRequest("`stream` must be a boolean", param="stream")
+    if kind == "chat":
+        messages = body.get("messages")
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(isinstance(message, dict) for message in messages)
+        ):
+            raise BadRequest("`messages` must be a non-empty list of objects", param="messages")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
+            raise BadRequest(
+                "`prompt` must be a string, a list of strings or a list of token ids",
+                param="prompt",
+            )
+
+
+def requested_policy(request: Request) -> str | None:
+    for header in POLICY_HEADERS:
+        value = request.headers.get(header)
+        if value:
+            return value
+    return None
+
+
+async def _generate(request: Request, kind: Kind, path: str) -> Response:
+    gateway = state_of(request)
+    body = await read_json(request, gateway.settings.max_body_bytes)
+    validate(kind, body)
+    profile = gateway.router.policy(requested_policy(request))
+    session = request.headers.get(gateway.settings.session_header)
+    routed = await gateway.router.route(kind, body, profile, session=session)
+    raw = json.dumps(body, ensure_ascii=False).encode()
+    proxy_request = ProxyRequest(
+        path=path,
+        body=raw,
+        headers=request.headers,
+        model=body["model"],
+        policy=profile.name,
+        extra_response_headers=lambda state: _decision_headers(routed, state),
+    )
+    return await gateway.upstream.forward(
+        proxy_request,
+        routed.decision.ranking,
+        on_dispatch=lambda state: gateway.router.record_dispatch(routed, state),
+    )
+
+
+def _decision_headers(routed: Routed, state: PodState) -> dict[str, str]:
+    return {
+        "x-kvgate-policy": routed.decision.policy,
+        "x-kvgate-prompt-blocks": str(routed.request.prompt_blocks),
+        "x-kvgate-cached-blocks": str(routed.matched_blocks(state.name)),
+    }
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, "chat", "/v1/chat/completions")
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, "completion", "/v1/completions")
+
+
+async def models(request: Request) -> Response:
+    gateway = state_of(request)
+    data = [
+        {"id": name, "object": "model", "created": gateway.started_at, "owned_by": "kvgate"}
+        for name in gateway.registry.models()
+    ]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+def readiness(gateway: GatewayState) -> tuple[bool, str]:
+    if not gateway.discovery_ready.is_set():
+        return False, "discovery has not reported the pods yet"
+    if not gateway.registry.routable():
+        return False, "no routable pod"
+    for state in gateway.registry.all():
+        status = gateway.registry.subscriber_status(state.name)
+        if status is not None and status.phase is Phase.STARTING:
+            return False, f"subscriber of {state.name} is starting"
+    return True, "ready"
+
+
+async def ready(request: Request) -> Response:
+    ok, reason = readiness(state_of(request))
+    return JSONResponse({"ready": ok, "reason": reason}, status_code=200 if ok else 503)
+
+
+async def metrics(request: Request) -> Response:
+    registry = state_of(request).metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+routes = [
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/ready", ready, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]

@@ -1,0 +1,235 @@
+"""The app factory and its lifespan, which owns every client and background task.
+
+Start-up: HTTP clients, subscriber manager, discovery (its first load must succeed), the
+metrics scraper and the index eviction timer. Shutdown (after uvicorn has stopped
+accepting and drained connections): stop discovery, scraper and eviction, stop every
+subscriber, close the clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from gateway import admin, api
+from gateway.discovery import Discovery, StaticFileDiscovery
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Upstream, UpstreamCut
+from gateway.registry import PodRegistry
+from gateway.router import Router
+from gateway.routing import build_policies
+from gateway.scraper import MetricsScraper
+from gateway.settings import Settings
+from gateway.state import GatewayState
+from gateway.tokenizer import RemoteTokenizer
+from indexer import ConfigError, SyncPrefixHashTable
+from subscriber import IndexSink, SubscriberManager
+
+logger = logging.getLogger(__name__)
+
+DISCOVERY_START_TIMEOUT_S = 30.0
+
+
+def create_app(
+    settings: Settings,
+    *,
+    discovery: Discovery | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    registry: CollectorRegistry | None = None,
+    rng: random.Random | None = None,
+) -> Starlette:
+    """The gateway as an ASGI app; every collaborator can be injected (tests, embedding)."""
+    if discovery is None:
+        if settings.pods_file is None:
+            raise ConfigError("KVGATE_PODS_FILE", None, "a pods file (--pods) or a discovery")
+        discovery = StaticFileDiscovery(Path(settings.pods_file))
+    metrics = GatewayMetrics(registry or CollectorRegistry())
+    if isinstance(discovery, StaticFileDiscovery):
+        discovery_errors = metrics.discovery_errors
+        discovery.on_reload_error = lambda _error: discovery_errors.inc()
+    table = SyncPrefixHashTable(settings.index)
+    rng = rng or random.Random()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            gateway = await _start(app, stack, settings, discovery, transport, metrics, table, rng)
+            app.state.gateway = gateway
+            yield
+
+    app = Starlette(routes=[*api.routes, *admin.routes], lifespan=lifespan)
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    return _CutConnections(app)  # type: ignore[return-value]
+
+
+async def _start(
+    app: Starlette,
+    stack: contextlib.AsyncExitStack,
+    settings: Settings,
+    discovery: Discovery,
+    transport: httpx.AsyncBaseTransport | None,
+    metrics: GatewayMetrics,
+    table: SyncPrefixHashTable,
+    rng: random.Random,
+) -> GatewayState:
+    limits = httpx.Limits(
+        max_connections=None,
+        max_keepalive_connections=settings.max_connections_per_pod,
+        keepalive_expiry=30.0,
+    )
+    timeout = httpx.Timeout(
+        connect=settings.upstream_connect_timeout_s,
+        read=settings.upstream_timeout_s,
+        write=settings.upstream_timeout_s,
+        pool=settings.upstream_connect_timeout_s,
+    )
+    proxy_client = await stack.enter_async_context(
+        httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout)
+    )
+    control_client = await stack.enter_async_context(
+        httpx.AsyncClient(transport=transport, timeout=5.0)
+    )
+    subscribers: SubscriberManager | None = None
+    if settings.kv_event_sync:
+        subscribers = await stack.enter_async_context(SubscriberManager(IndexSink(table)))
+    registry = PodRegistry(table=table, subscribers=subscribers)
+    tokenizer = (
+        RemoteTokenizer(
+            control_client,
+            timeout_s=settings.tokenizer_timeout_s,
+            max_retries=settings.tokenizer_max_retries,
+            cache_size=settings.tokenizer_cache_size,
+            endpoint=settings.tokenizer_endpoint,
+        )
+        if settings.use_remote_tokenizer
+        else None
+    )
+    router = Router(
+        registry=registry,
+        table=table,
+        tokenizer=tokenizer,
+        policies=build_policies(settings, rng),
+        default_policy=settings.default_policy,
+        metrics=metrics,
+    )
+    metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None)
+    gateway = GatewayState(
+        settings=settings,
+        table=table,
+        metrics=metrics,
+        registry=registry,
+        router=router,
+        upstream=Upstream(proxy_client, metrics),
+        subscribers=subscribers,
+        started_at=int(time.time()),
+    )
+    scraper = MetricsScraper(
+        registry,
+        control_client,
+        interval_s=settings.scrape_interval_s,
+        unhealthy_after=settings.unhealthy_after,
+    )
+    background = _Background()
+    stack.push_async_callback(background.stop)
+    discovery_task = background.start("discovery", discovery.run(registry, gateway.discovery_ready))
+    await _wait_for_discovery(gateway.discovery_ready, discovery_task)
+    background.start("metrics-scraper", scraper.run())
+    background.start("index-eviction", _evict_periodically(table, settings))
+    logger.info("kvgate gateway ready: %d pods", len(registry.all()))
+    return gateway
+
+
+async def _wait_for_discovery(ready: asyncio.Event, task: asyncio.Task[None]) -> None:
+    """Start-up fails, with discovery's own error, if its first load does."""
+    waiter = asyncio.ensure_future(ready.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {waiter, task}, timeout=DISCOVERY_START_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        waiter.cancel()
+    if task in done:
+        task.result()  # raises the discovery's error
+        raise RuntimeError("discovery stopped before reporting any pod")
+    if not ready.is_set():
+        raise TimeoutError(f"discovery reported no pods within {DISCOVERY_START_TIMEOUT_S} s")
+
+
+async def _evict_periodically(table: SyncPrefixHashTable, settings: Settings) -> None:
+    while True:
+        await asyncio.sleep(settings.index.limits.eviction_interval_s)
+        table.evict()
+
+
+class _Background:
+    """Named background tasks with hard references, stopped in reverse start order."""
+
+    def __init__(self) -> None:
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._guard(name, work), name=f"kvgate-{name}")
+        self._tasks.append(task)
+        return task
+
+    @staticmethod
+    async def _guard(name: str, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("background task %s failed", name)
+            raise
+
+    async def stop(self) -> None:
+        for task in reversed(self._tasks):
+            task.cancel()
+        for task in reversed(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+
+async def _gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is not None:
+        gateway.metrics.rejected.labels(type(exc).__name__).inc()
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    body = {"error": {"message": exc.detail, "type": "invalid_request_error", "param": None,
+                      "code": exc.status_code}}  # fmt: skip
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+class _CutConnections:
+    """An engine failure after the response started ends it unfinished: uvicorn then drops
+    the client's connection, as the engine's own failure would have."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self.state = app.state  # the gateway state, for embedding code and tests
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        with contextlib.suppress(UpstreamCut):
+            await self.app(scope, receive, send)

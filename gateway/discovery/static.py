@@ -1,0 +1,101 @@
+"""Pods from a static file (JSON, or TOML by extension), reloaded on change or SIGHUP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.discovery.base import PodListener, sync_pods
+from gateway.discovery.pods import Pod, parse_pods
+from indexer import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def load_pods_file(path: Path) -> list[Pod]:
+    """Read and validate a pods file; ConfigError names the file and what is wrong."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(path), exc.strerror, "a readable pods file") from None
+    try:
+        document: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), str(exc), "valid JSON (or TOML for .toml files)") from None
+    return parse_pods(document, source=str(path))
+
+
+class StaticFileDiscovery:
+    """Reports the pods listed in a file; re-reads it when it changes or on SIGHUP.
+
+    A file that becomes invalid is reported and ignored: the last good list stays.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        poll_interval_s: float = 1.0,
+        on_reload_error: Callable[[ConfigError], None] | None = None,
+    ) -> None:
+        self.path = path
+        self._poll_interval_s = poll_interval_s
+        self.on_reload_error = on_reload_error
+        self._reload_now = asyncio.Event()
+        self.reloads = 0
+
+    def request_reload(self) -> None:
+        self._reload_now.set()
+
+    async def run(self, listener: PodListener, ready: asyncio.Event) -> None:
+        current: dict[str, Pod] = {}
+        stamp = self._stamp()
+        await sync_pods(listener, current, load_pods_file(self.path))
+        ready.set()
+        with self._sighup():
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._reload_now.wait(), self._poll_interval_s)
+                forced = self._reload_now.is_set()
+                self._reload_now.clear()
+                new_stamp = self._stamp()
+                if not forced and new_stamp == stamp:
+                    continue
+                stamp = new_stamp
+                try:
+                    pods = load_pods_file(self.path)
+                except ConfigError as exc:
+                    logger.error("pods file not reloaded, keeping the last good list: %s", exc)
+                    if self.on_reload_error is not None:
+                        self.on_reload_error(exc)
+                    continue
+                self.reloads += 1
+                await sync_pods(listener, current, pods)
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return None
+        return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+    @contextlib.contextmanager
+    def _sighup(self) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+            installed = True
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            installed = False
+        try:
+            yield
+        finally:
+            if installed:
+                loop.remove_signal_handler(signal.SIGHUP)

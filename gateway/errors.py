@@ -1,0 +1,92 @@
+"""The gateway's exceptions, each mapped once to an HTTP status and an OpenAI-style body.
+
+GatewayError
+├── BadRequest (400)            malformed JSON, missing fields, unknown policy
+├── PayloadTooLarge (413)
+├── Unauthorized (401)          admin API without the right token
+├── NotFound (404)              admin resources
+│   └── ModelNotFound (404)
+├── NoRoutablePod (503)         every candidate filtered out; carries Retry-After
+└── UpstreamError (502)         the engine could not be reached or failed
+    └── UpstreamTimeout (504)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+
+class GatewayError(Exception):
+    status = 500
+    error_type = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code or self.status,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
+
+
+class BadRequest(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    error_type = "authentication_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    error_type = "NotFoundError"
+    code = "model_not_found"
+
+
+class NoRoutablePod(GatewayError):
+    status = 503
+    error_type = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    error_type = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    error_type = "upstream_timeout"

@@ -1,0 +1,210 @@
+"""Prometheus metrics (`kvgate_` prefix) on an injected registry.
+
+Request-path metrics are updated as requests flow; fleet state (pods, subscribers, index)
+is read when Prometheus scrapes, by a collector, so it costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.registry import PodRegistry
+from indexer import SyncPrefixHashTable
+from subscriber import RejectCounter
+
+_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "kvgate_requests",
+            "Requests handled, by model, pod, policy and HTTP status",
+            ["model", "pod", "policy", "status"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "kvgate_requests_rejected",
+            "Requests answered by the gateway itself with an error, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.decision_seconds = Histogram(
+            "kvgate_decision_seconds",
+            "Routing decision latency by stage (tokenize, match, decide, total)",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.prompt_blocks = Counter(
+            "kvgate_prompt_blocks",
+            "Full prompt blocks of routed requests",
+            ["model"],
+            registry=registry,
+        )
+        self.matched_blocks = Counter(
+            "kvgate_matched_blocks",
+            "Prompt blocks the chosen pod already held when it was chosen",
+            ["model"],
+            registry=registry,
+        )
+        self.degraded_routing = Counter(
+            "kvgate_degraded_routing",
+            "Requests routed on load only, by reason (tokenizer failure, no index...)",
+            ["reason"],
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "kvgate_inflight_requests",
+            "Requests being proxied, by pod",
+            ["pod"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "kvgate_upstream_errors",
+            "Failed upstream attempts, by pod and kind (connect, timeout, status_5xx, midstream)",
+            ["pod", "kind"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "kvgate_upstream_retries",
+            "Requests retried on another pod before any byte was sent",
+            ["pod"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "kvgate_upstream_first_byte_seconds",
+            "Time from dispatch to the engine's first response byte, by pod",
+            ["pod"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.tokenizer = Counter(
+            "kvgate_tokenizer_requests",
+            "Prompt tokenizations by result (hit, miss, failure)",
+            ["result"],
+            registry=registry,
+        )
+        self.discovery_errors = Counter(
+            "kvgate_discovery_errors",
+            "Discovery updates rejected (the last good pod list was kept)",
+            registry=registry,
+        )
+
+    def watch_fleet(
+        self,
+        pods: PodRegistry,
+        table: SyncPrefixHashTable,
+        rejects: Callable[[], RejectCounter | None],
+    ) -> None:
+        self.registry.register(_FleetCollector(pods, table, rejects))
+
+
+@dataclass(frozen=True, slots=True)
+class _FleetCollector(Collector):
+    pods: PodRegistry
+    table: SyncPrefixHashTable
+    rejects: Callable[[], RejectCounter | None]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._pods()
+        yield from self._subscribers()
+        yield from self._index()
+
+    def _pods(self) -> Iterator[Metric]:
+        healthy = GaugeMetricFamily(
+            "kvgate_pod_healthy", "1 if the pod is routable", labels=["pod"]
+        )
+        load = GaugeMetricFamily(
+            "kvgate_pod_load", "Engine load as scraped (running, waiting, kv_usage)",
+            labels=["pod", "gauge"],
+        )  # fmt: skip
+        for state in self.pods.all():
+            healthy.add_metric([state.name], float(state.pod.ready and state.healthy))
+            load.add_metric([state.name, "running"], state.running)
+            load.add_metric([state.name, "waiting"], state.waiting)
+            load.add_metric([state.name, "kv_usage"], state.kv_usage)
+        yield healthy
+        yield load
+
+    def _subscribers(self) -> Iterator[Metric]:
+        families = {
+            "connected": GaugeMetricFamily(
+                "kvgate_subscriber_connected", "1 if the event socket is connected", labels=["pod"]
+            ),
+            "last_seq": GaugeMetricFamily(
+                "kvgate_subscriber_last_seq", "Last applied batch seq", labels=["pod"]
+            ),
+            "degraded": GaugeMetricFamily(
+                "kvgate_subscriber_degraded", "1 if the pod's index may miss blocks", labels=["pod"]
+            ),
+        }  # fmt: skip
+        counters = {
+            name: CounterMetricFamily(f"kvgate_subscriber_{name}", help_text, labels=["pod"])
+            for name, help_text in (
+                ("replays", "Replay requests sent"),
+                ("restarts", "Engine restarts detected"),
+                ("gaps", "Sequence gaps detected"),
+                ("batches_applied", "Event batches applied to the index"),
+                ("live_dropped", "Live batches dropped by the bounded queue (replayed later)"),
+            )
+        }
+        for state in self.pods.all():
+            status = self.pods.subscriber_status(state.name)
+            if status is None:
+                continue
+            families["connected"].add_metric([state.name], float(status.connected))
+            families["last_seq"].add_metric([state.name], float(status.last_seq or 0))
+            families["degraded"].add_metric([state.name], float(not status.whole))
+            for name, family in counters.items():
+                family.add_metric([state.name], float(getattr(status, name)))
+        yield from families.values()
+        yield from counters.values()
+        rejected = CounterMetricFamily(
+            "kvgate_subscriber_rejected_frames", "Frames that could not be decoded",
+            labels=["pod", "reason"],
+        )  # fmt: skip
+        counter = self.rejects()
+        if counter is not None:
+            for (pod, reason), count in counter.snapshot().items():
+                rejected.add_metric([pod, reason], float(count))
+        yield rejected
+
+    def _index(self) -> Iterator[Metric]:
+        stats = self.table.stats()
+        size = GaugeMetricFamily("kvgate_index_size", "Index size", labels=["kind"])
+        for kind in ("pods", "contexts", "blocks", "pairs", "engine_entries", "expected"):
+            size.add_metric([kind], float(getattr(stats, kind)))
+        yield size
+        events = CounterMetricFamily(
+            "kvgate_index_events", "Index bookkeeping events", labels=["kind"]
+        )
+        for kind in (
+            "broken_chain_events",
+            "broken_chain_blocks",
+            "unknown_removals",
+            "remapped",
+            "evicted_blocks",
+            "evicted_contexts",
+            "expired_expected",
+            "eviction_runs",
+        ):
+            events.add_metric([kind], float(getattr(stats, kind)))
+        yield events
+        rejected = CounterMetricFamily(
+            "kvgate_index_rejected_blocks",
+            "Stored blocks not indexed, by reason",
+            labels=["reason"],
+        )
+        for reason, count in stats.rejected_blocks.items():
+            rejected.add_metric([reason], float(count))
+        yield rejected

@@ -1,0 +1,156 @@
+"""The pods the gateway routes to: discovery's view plus health, load and index state."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gateway.discovery import Pod
+from indexer import SyncPrefixHashTable
+from subscriber import PodEndpoint, PodSubscriberStatus, SubscriberManager
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PodState:
+    """A pod and what the gateway observes of it (mutated only on the event loop)."""
+
+    pod: Pod
+    inflight: int = 0
+    """Requests the gateway is proxying to it right now."""
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_usage: float = 0.0
+    """From the engine's /metrics (0 until scraped)."""
+    healthy: bool = True
+    failed_scrapes: int = 0
+    scraped_at: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.pod.name
+
+    @property
+    def load(self) -> float:
+        """Requests it is busy with: ours in flight, or the engine's count if higher (other
+        gateway replicas send to it too), plus its queue."""
+        return max(float(self.inflight), self.running) + self.waiting
+
+
+class PodRegistry:
+    """Listens to discovery; keeps the index and the KV event subscribers in step with it.
+
+    A pod that is Ready and publishes events gets a subscriber (which registers it in the
+    index); any other pod is registered in approximate mode (router-side entries only).
+    A pod that stops being Ready, or goes, loses its subscriber and its index entries.
+    """
+
+    def __init__(
+        self,
+        *,
+        table: SyncPrefixHashTable,
+        subscribers: SubscriberManager | None,
+    ) -> None:
+        self._table = table
+        self._subscribers = subscribers
+        self._pods: dict[str, PodState] = {}
+
+    # -- PodListener ----------------------------------------------------------------------
+
+    async def upsert_pod(self, pod: Pod) -> None:
+        state = self._pods.get(pod.name)
+        if state is None:
+            state = self._pods[pod.name] = PodState(pod)
+            logger.info("pod %s added (%s, model %s)", pod.name, pod.url, pod.model)
+        else:
+            state.pod = pod
+        subscribed = self._subscribers is not None and pod.name in self._subscribers.pods()
+        if not pod.ready:
+            if subscribed:
+                await self._unsubscribe(pod.name)
+            self._table.remove_pod(pod.name)
+            return
+        if self._subscribers is not None and pod.events is not None:
+            await self._subscribers.upsert(_endpoint(pod))
+        else:
+            if subscribed:
+                await self._unsubscribe(pod.name)
+            self._table.register_pod(
+                pod.name, pod.model, publishes_events=False, lora_names=pod.lora_ids
+            )
+
+    async def remove_pod(self, name: str) -> None:
+        if self._pods.pop(name, None) is None:
+            return
+        if self._subscribers is not None and name in self._subscribers.pods():
+            await self._unsubscribe(name)
+        self._table.remove_pod(name)
+        logger.info("pod %s removed", name)
+
+    async def _unsubscribe(self, name: str) -> None:
+        assert self._subscribers is not None
+        await self._subscribers.remove(name)
+
+    # -- queries --------------------------------------------------------------------------
+
+    def get(self, name: str) -> PodState | None:
+        return self._pods.get(name)
+
+    def all(self) -> list[PodState]:
+        return list(self._pods.values())
+
+    def serving(self, model: str) -> list[PodState]:
+        """Pods that serve `model` (as base model or LoRA adapter), routable or not."""
+        return [state for state in self._pods.values() if state.pod.serves(model)]
+
+    def models(self) -> list[str]:
+        names: dict[str, None] = {}
+        for state in self._pods.values():
+            names[state.pod.model] = None
+            for lora in state.pod.loras:
+                names[lora] = None
+        return list(names)
+
+    def routable(self) -> list[PodState]:
+        return [s for s in self._pods.values() if s.pod.ready and s.healthy]
+
+    def subscriber_status(self, name: str) -> PodSubscriberStatus | None:
+        return self._subscribers.status(name) if self._subscribers is not None else None
+
+    def index_mode(self, name: str) -> str:
+        """ "whole", "degraded" (events, but the index may miss blocks) or "approximate"."""
+        status = self.subscriber_status(name)
+        if status is None:
+            return "approximate"
+        return "whole" if status.whole else "degraded"
+
+    def sync_index_modes(self) -> None:
+        """Pods whose index is not whole keep router-side entries as long as event-less pods.
+
+        Called periodically: a degraded pod's index lacks blocks, so what the router sent
+        there is the best knowledge of them.
+        """
+        for state in self._pods.values():
+            if not self._table.has_pod(state.name):
+                continue
+            whole = self.index_mode(state.name) == "whole"
+            self._table.register_pod(
+                state.name,
+                state.pod.model,
+                publishes_events=whole,
+                lora_names=state.pod.lora_ids,
+            )
+
+
+def _endpoint(pod: Pod) -> PodEndpoint:
+    assert pod.events is not None
+    return PodEndpoint(
+        name=pod.name,
+        model=pod.model,
+        events=pod.events,
+        replay=pod.replay,
+        topic=pod.topic,
+        bind=pod.events_bind,
+        lora_names=pod.lora_ids,
+    )

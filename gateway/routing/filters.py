@@ -1,0 +1,43 @@
+"""Filters: which candidates a decision may choose from."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from gateway.registry import PodState
+from gateway.routing.request import RoutingRequest
+
+
+class Filter(Protocol):
+    name: str
+
+    def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[PodState]: ...
+
+
+class RoutableFilter:
+    """Ready (per discovery) and healthy (per the metrics scraper)."""
+
+    name = "routable"
+
+    def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[PodState]:
+        return [pod for pod in pods if pod.pod.ready and pod.healthy]
+
+
+class HotSpotFilter:
+    """Keeps only pods within `margin` requests of the least loaded one.
+
+    Without it, a popular prefix would pile every request onto the pod that holds it:
+    cache affinity must never turn one pod into the fleet's queue.
+    """
+
+    name = "hot-spot-guard"
+
+    def __init__(self, margin: int) -> None:
+        self.margin = margin
+
+    def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[PodState]:
+        if len(pods) < 2:
+            return list(pods)
+        least = min(pod.load for pod in pods)
+        return [pod for pod in pods if pod.load < least + self.margin]

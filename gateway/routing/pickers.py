@@ -1,0 +1,101 @@
+"""Pickers: order the scored candidates, best first (the proxy retries down the list)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from gateway.registry import PodState
+from gateway.routing.request import RoutingRequest
+
+
+class Picker(Protocol):
+    name: str
+
+    def rank(
+        self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
+    ) -> list[PodState]: ...
+
+
+class MaxScorePicker:
+    """Highest score first; ties broken at random (shuffled before a stable sort)."""
+
+    name = "max-score"
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def rank(
+        self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
+    ) -> list[PodState]:
+        shuffled = list(pods)
+        self._rng.shuffle(shuffled)
+        return sorted(shuffled, key=lambda pod: scores.get(pod.name, 0.0), reverse=True)
+
+
+class RandomPicker:
+    name = "random"
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+
+    def rank(
+        self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
+    ) -> list[PodState]:
+        shuffled = list(pods)
+        self._rng.shuffle(shuffled)
+        return shuffled
+
+
+class RoundRobinPicker:
+    """Each model's pods in turn (by name, so the order survives pods coming and going)."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._turns: dict[str, itertools.count[int]] = {}
+
+    def rank(
+        self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
+    ) -> list[PodState]:
+        if not pods:
+            return []
+        ordered = sorted(pods, key=lambda pod: pod.name)
+        turn = next(self._turns.setdefault(request.model, itertools.count()))
+        start = turn % len(ordered)
+        return ordered[start:] + ordered[:start]
+
+
+class SessionPicker:
+    """Keeps a session on the pod it was first sent to; otherwise defers to `fallback`.
+
+    Sessions are remembered in a bounded LRU map; a session whose pod is gone (or not a
+    candidate now) moves to the fallback's choice.
+    """
+
+    name = "session"
+
+    def __init__(self, fallback: Picker, *, max_sessions: int = 100_000) -> None:
+        self._fallback = fallback
+        self._max_sessions = max_sessions
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+
+    def rank(
+        self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
+    ) -> list[PodState]:
+        ranking = self._fallback.rank(request, pods, scores)
+        if request.session is None or not ranking:
+            return ranking
+        bound = self._sessions.get(request.session)
+        sticky = next((pod for pod in ranking if pod.name == bound), None)
+        if sticky is not None:
+            ranking.remove(sticky)
+            ranking.insert(0, sticky)
+        self._sessions[request.session] = ranking[0].name
+        self._sessions.move_to_end(request.session)
+        if len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+        return ranking

@@ -1,0 +1,62 @@
+"""Scorers: pure functions of the request and each candidate, into [0, 1]."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from gateway.registry import PodState
+from gateway.routing.request import RoutingRequest
+from indexer import Tier
+
+
+class Scorer(Protocol):
+    name: str
+
+    def score(self, request: RoutingRequest, pods: Sequence[PodState]) -> dict[str, float]: ...
+
+
+class PrefixScorer:
+    """Share of the prompt's blocks a pod holds from the start, weighted by tier."""
+
+    name = "prefix"
+
+    def __init__(self, tier_weights: Mapping[Tier, float]) -> None:
+        self.tier_weights = dict(tier_weights)
+
+    def score(self, request: RoutingRequest, pods: Sequence[PodState]) -> dict[str, float]:
+        match = request.match
+        if match is None or request.prompt_blocks == 0:
+            return {pod.name: 0.0 for pod in pods}
+        weights = self.tier_weights
+        scores = {}
+        for pod in pods:
+            counts = match.tier_counts(pod.name)
+            held = sum(weights.get(tier, 0.0) * count for tier, count in counts.items())
+            scores[pod.name] = held / request.prompt_blocks
+        return scores
+
+
+class LoadScorer:
+    """Fewer requests in flight or queued scores higher: 1 / (1 + load / scale).
+
+    Saturating rather than min-max normalised, so one request more or less never outweighs
+    a real prefix hit; the hot-spot guard handles real imbalance.
+    """
+
+    name = "load"
+
+    def __init__(self, scale: float = 8.0) -> None:
+        self.scale = scale
+
+    def score(self, request: RoutingRequest, pods: Sequence[PodState]) -> dict[str, float]:
+        return {pod.name: 1.0 / (1.0 + pod.load / self.scale) for pod in pods}
+
+
+class KVUsageScorer:
+    """Emptier KV cache scores higher (a fuller one evicts more)."""
+
+    name = "kv-usage"
+
+    def score(self, request: RoutingRequest, pods: Sequence[PodState]) -> dict[str, float]:
+        return {pod.name: 1.0 - min(1.0, max(0.0, pod.kv_usage)) for pod in pods}

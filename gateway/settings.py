@@ -1,0 +1,249 @@
+"""The gateway's settings: environment variables (the seed's AIBRIX_* names, KVGATE_* for
+the rest) overridden by command-line flags. Every invalid value stops start-up with the
+variable, the value and what is allowed."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
+from indexer import ConfigError, IndexConfig, Tier
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("prefix-cache", "least-request", "round-robin", "random", "session")
+ENGINES = ("vllm", "sglang")
+DEFAULT_TIER_WEIGHTS = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.STORAGE: 0.25, Tier.EXPECTED: 0.9}
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    pods_file: Path | None = None
+    """Static discovery file (JSON or TOML)."""
+    default_policy: str = "prefix-cache"
+    use_remote_tokenizer: bool = True
+    kv_event_sync: bool = True
+    tokenizer_engine: str = "vllm"
+    tokenizer_endpoint: str | None = None
+    """A fixed /tokenize endpoint; unset: each model's pods tokenize for it."""
+    tokenizer_timeout_s: float = 2.0
+    tokenizer_max_retries: int = 1
+    tokenizer_cache_size: int = 4096
+    index: IndexConfig = field(default_factory=IndexConfig)
+    admin_token: str | None = None
+    max_body_bytes: int = 16 * 1024 * 1024
+    upstream_connect_timeout_s: float = 2.0
+    upstream_timeout_s: float = 600.0
+    """Longest wait for the engine's next byte (headers, or the next chunk of a stream)."""
+    max_connections_per_pod: int = 256
+    scrape_interval_s: float = 1.0
+    """Engine /metrics scrape period (load and health)."""
+    unhealthy_after: int = 3
+    """Consecutive failed scrapes that mark a pod unhealthy."""
+    session_header: str = "x-session-id"
+    hot_spot_margin: int = 16
+    """A pod with this many more requests in flight than the least loaded candidate is not
+    chosen for its cache."""
+    tier_weights: Mapping[Tier, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
+    gc_gen0_threshold: int = DEFAULT_GC_GEN0_THRESHOLD
+    drain_timeout_s: float = 20.0
+    """On shutdown, how long in-flight requests may finish."""
+
+    def __post_init__(self) -> None:
+        if self.default_policy not in POLICIES:
+            raise ConfigError("KVGATE_DEFAULT_POLICY", self.default_policy, _one_of(POLICIES))
+        if not 0 < self.port < 65536:
+            raise ConfigError("KVGATE_PORT", self.port, "a TCP port in 1..65535")
+
+    @property
+    def prefix_routing(self) -> bool:
+        """Whether prompts are tokenized and matched against the index at all."""
+        return self.use_remote_tokenizer
+
+    @classmethod
+    def load(cls, env: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> Settings:
+        """Settings from `env`, then `overrides` (command-line flags; None = not given)."""
+        values: dict[str, Any] = {}
+        reader = _EnvReader(env)
+        values["host"] = reader.get("KVGATE_HOST", str, "127.0.0.1", "a host name or address")
+        values["port"] = reader.get("KVGATE_PORT", _port, 8080, "a TCP port in 1..65535")
+        pods_file = reader.get("KVGATE_PODS_FILE", Path, None, "a file path")
+        values["pods_file"] = pods_file
+        values["default_policy"] = reader.get(
+            "KVGATE_DEFAULT_POLICY", _choice(POLICIES), "prefix-cache", _one_of(POLICIES)
+        )
+        values["use_remote_tokenizer"] = reader.get(
+            "AIBRIX_USE_REMOTE_TOKENIZER", _bool, True, "true or false"
+        )
+        values["kv_event_sync"] = reader.get(
+            "AIBRIX_KV_EVENT_SYNC_ENABLED", _bool, True, "true or false"
+        )
+        reader.get("AIBRIX_PREFIX_CACHE_TOKENIZER_TYPE", _choice(("remote",)), "remote", "remote")
+        values["tokenizer_engine"] = reader.get(
+            "AIBRIX_REMOTE_TOKENIZER_ENGINE", _choice(ENGINES), "vllm", _one_of(ENGINES)
+        )
+        values["tokenizer_endpoint"] = reader.get(
+            "AIBRIX_REMOTE_TOKENIZER_ENDPOINT", _url, None, "an http(s):// URL"
+        )
+        values["tokenizer_timeout_s"] = reader.get(
+            "AIBRIX_REMOTE_TOKENIZER_TIMEOUT", _duration, 2.0, _DURATION_HELP
+        )
+        values["tokenizer_max_retries"] = reader.get(
+            "AIBRIX_REMOTE_TOKENIZER_MAX_RETRIES", _non_negative_int, 1, "an integer >= 0"
+        )
+        values["tokenizer_cache_size"] = reader.get(
+            "KVGATE_TOKENIZER_CACHE_SIZE", _non_negative_int, 4096, "an integer >= 0"
+        )
+        values["admin_token"] = reader.get("KVGATE_ADMIN_TOKEN", str, None, "a token") or None
+        values["max_body_bytes"] = reader.get(
+            "KVGATE_MAX_BODY_BYTES", _positive_int, 16 * 1024 * 1024, "an integer > 0"
+        )
+        for variable, name, default in (
+            ("KVGATE_UPSTREAM_CONNECT_TIMEOUT", "upstream_connect_timeout_s", 2.0),
+            ("KVGATE_UPSTREAM_TIMEOUT", "upstream_timeout_s", 600.0),
+            ("KVGATE_SCRAPE_INTERVAL", "scrape_interval_s", 1.0),
+            ("KVGATE_DRAIN_TIMEOUT", "drain_timeout_s", 20.0),
+        ):
+            values[name] = reader.get(variable, _duration, default, _DURATION_HELP)
+        values["max_connections_per_pod"] = reader.get(
+            "KVGATE_MAX_CONNECTIONS_PER_POD", _positive_int, 256, "an integer > 0"
+        )
+        values["unhealthy_after"] = reader.get(
+            "KVGATE_UNHEALTHY_AFTER", _positive_int, 3, "an integer > 0"
+        )
+        values["session_header"] = reader.get(
+            "KVGATE_SESSION_HEADER", _header, "x-session-id", "an HTTP header name"
+        )
+        values["hot_spot_margin"] = reader.get(
+            "KVGATE_HOT_SPOT_MARGIN", _positive_int, 16, "an integer > 0"
+        )
+        values["tier_weights"] = reader.get(
+            "KVGATE_TIER_WEIGHTS", _tier_weights, dict(DEFAULT_TIER_WEIGHTS), _WEIGHTS_HELP
+        )
+        values["gc_gen0_threshold"] = reader.get(
+            "KVGATE_GC_GEN0_THRESHOLD", _non_negative_int, DEFAULT_GC_GEN0_THRESHOLD, ">= 0"
+        )
+        values["index"] = IndexConfig.from_env(env)
+        settings = cls(**values)
+        if overrides:
+            given = {key: value for key, value in overrides.items() if value is not None}
+            settings = replace(settings, **given)
+        return settings.validated()
+
+    def validated(self) -> Settings:
+        """Apply the seed's dependency rule: KV sync needs the remote tokenizer."""
+        if self.kv_event_sync and not self.use_remote_tokenizer:
+            logger.warning(
+                "AIBRIX_KV_EVENT_SYNC_ENABLED=true needs AIBRIX_USE_REMOTE_TOKENIZER=true: "
+                "KV event sync is disabled (routing uses load only)"
+            )
+            return replace(self, kv_event_sync=False)
+        return self
+
+
+class _EnvReader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def get(self, variable: str, parse: Callable[[str], T], default: T, allowed: str) -> T:
+        raw = self._env.get(variable)
+        if raw is None or raw.strip() == "":
+            return default
+        try:
+            return parse(raw.strip())
+        except (ValueError, TypeError):
+            raise ConfigError(variable, raw, allowed) from None
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return "one of " + ", ".join(choices)
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        if raw not in choices:
+            raise ValueError(raw)
+        return raw
+
+    return parse
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(raw)
+    return value
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError(raw)
+    return value
+
+
+def _url(raw: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", raw):
+        raise ValueError(raw)
+    return raw.rstrip("/")
+
+
+def _header(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9-]+", raw):
+        raise ValueError(raw)
+    return raw.lower()
+
+
+_DURATION_HELP = "a positive duration: seconds (2.5) or Go-style (500ms, 30s, 1m)"
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(raw: str) -> float:
+    """Seconds from `2.5`, `500ms`, `30s`, `1m`, `1h` (the Go gateway used Go durations)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)?", raw)
+    if match is None:
+        raise ValueError(raw)
+    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+_WEIGHTS_HELP = "comma-separated TIER=WEIGHT with tiers GPU, CPU, STORAGE, EXPECTED (e.g. CPU=0.8)"
+
+
+def _tier_weights(raw: str) -> dict[Tier, float]:
+    weights = dict(DEFAULT_TIER_WEIGHTS)
+    for item in raw.split(","):
+        name, _, value = item.partition("=")
+        weight = float(value)
+        tier = Tier.__members__.get(name.strip().upper())
+        if tier is None or not 0 <= weight <= 1:
+            raise ValueError(raw)
+        weights[tier] = weight
+    return weights

@@ -1,0 +1,34 @@
+"""Everything the request handlers share, built by the app factory and its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Upstream
+from gateway.registry import PodRegistry
+from gateway.router import Router
+from gateway.settings import Settings
+from indexer import SyncPrefixHashTable
+from subscriber import SubscriberManager
+
+
+@dataclass(slots=True)
+class GatewayState:
+    settings: Settings
+    table: SyncPrefixHashTable
+    metrics: GatewayMetrics
+    registry: PodRegistry
+    router: Router
+    upstream: Upstream
+    subscribers: SubscriberManager | None
+    started_at: int
+    discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def state_of(request: Request) -> GatewayState:
+    gateway: GatewayState = request.app.state.gateway
+    return gateway

@@ -1,0 +1,144 @@
+"""Tokenizing requests exactly as the engine will: its own /tokenize (and chat template).
+
+The token ids then equal those in the engine's BlockStored events, which is what makes
+the gateway's prefix hashes meet the index's. Answers are cached by (model, the exact
+content to tokenize). Failures never fail a request: the caller routes on load alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+# Request fields that change how vLLM renders and tokenizes a chat / a prompt.
+_CHAT_FIELDS = (
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+    "tools",
+    "documents",
+)
+_PROMPT_FIELDS = ("add_special_tokens",)
+
+
+class TokenizerError(Exception):
+    """Tokenization failed (timeout, engine error, unusable request); route on load only."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeInput:
+    """What to send to /tokenize, and the cache key that identifies it."""
+
+    body: Mapping[str, Any]
+    key: str
+
+    @classmethod
+    def for_completion(cls, request: Mapping[str, Any]) -> TokenizeInput | list[int]:
+        """The tokenize input of a /v1/completions body, or its token ids if it has them."""
+        prompt = request.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return list(prompt)  # already token ids
+        if not isinstance(prompt, str):
+            raise TokenizerError("only a single prompt (text or token ids) can be matched")
+        body: dict[str, Any] = {"model": request["model"], "prompt": prompt}
+        body.update({k: request[k] for k in _PROMPT_FIELDS if k in request})
+        return cls(body, _key(body))
+
+    @classmethod
+    def for_chat(cls, request: Mapping[str, Any]) -> TokenizeInput:
+        body: dict[str, Any] = {"model": request["model"], "messages": request["messages"]}
+        body.update({k: request[k] for k in _CHAT_FIELDS if k in request})
+        return cls(body, _key(body))
+
+
+def _key(body: Mapping[str, Any]) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class RemoteTokenizer:
+    """Calls an engine's /tokenize with a timeout and bounded retries, through an LRU cache.
+
+    `endpoint` fixes where to tokenize (AIBRIX_REMOTE_TOKENIZER_ENDPOINT); otherwise the
+    caller passes the URLs of pods serving the model, tried in order.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        timeout_s: float,
+        max_retries: int,
+        cache_size: int,
+        endpoint: str | None = None,
+    ) -> None:
+        self._client = client
+        self._timeout_s = timeout_s
+        self._max_retries = max_retries
+        self._cache_size = cache_size
+        self._endpoint = endpoint
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.failures = 0
+
+    async def tokenize(self, what: TokenizeInput, pod_urls: Sequence[str]) -> list[int]:
+        cached = self._cache.get(what.key)
+        if cached is not None:
+            self._cache.move_to_end(what.key)
+            self.hits += 1
+            return cached
+        self.misses += 1
+        urls = [self._endpoint] if self._endpoint else list(pod_urls)
+        if not urls:
+            self.failures += 1
+            raise TokenizerError("no endpoint to tokenize with")
+        last_error = "no attempt"
+        for attempt in range(self._max_retries + 1):
+            url = urls[attempt % len(urls)]
+            try:
+                tokens = await self._call(url, what.body)
+            except TokenizerError as exc:
+                last_error = str(exc)
+                if attempt < self._max_retries:
+                    await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
+                continue
+            self._remember(what.key, tokens)
+            return tokens
+        self.failures += 1
+        raise TokenizerError(last_error)
+
+    async def _call(self, url: str, body: Mapping[str, Any]) -> list[int]:
+        try:
+            response = await self._client.post(
+                f"{url}/tokenize", json=body, timeout=self._timeout_s
+            )
+        except httpx.TimeoutException:
+            raise TokenizerError(f"{url}/tokenize timed out after {self._timeout_s} s") from None
+        except httpx.HTTPError as exc:
+            raise TokenizerError(f"{url}/tokenize failed: {exc!r}") from None
+        if response.status_code != 200:
+            raise TokenizerError(f"{url}/tokenize answered {response.status_code}")
+        try:
+            tokens = response.json()["tokens"]
+        except (ValueError, KeyError, TypeError):
+            raise TokenizerError(f"{url}/tokenize answered without token ids") from None
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            raise TokenizerError(f"{url}/tokenize answered malformed token ids")
+        return tokens
+
+    def _remember(self, key: str, tokens: list[int]) -> None:
+        if self._cache_size <= 0:
+            return
+        self._cache[key] = tokens
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
