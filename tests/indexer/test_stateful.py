@@ -125,9 +125,10 @@ class IndexMachine(RuleBasedStateMachine):
                 old.copies += 1
             else:
                 tier_entries[engine_hash] = Entry(prefix, engine_block, parent)
+                # a stored block confirms, there and then, what the router expected
+                for end in range(len(prefix) - engine_block + BLOCK, len(prefix) + 1, BLOCK):
+                    self.expected[pod].pop(prefix[:end], None)
             parent = engine_hash
-        for held_prefix in model.held():  # a BlockStored confirms what the router expected
-            self.expected[pod].pop(held_prefix, None)
         if len(self.prompts) < 40:
             self.prompts.append(prefix)
 
