@@ -17,7 +17,10 @@ _BENCHMARKS: dict[str, tuple[str | None, str]] = {
         "KV event decoder: fuzzing (random and mutated frames) and decode throughput",
     ),
     "sim": ("simulator.bench", "one simulated engine's sustainable requests/s and events/s"),
-    "subscriber": (None, "KV event ingest rate from N engines and recovery time after a gap"),
+    "subscriber": (
+        "bench.subscriber_bench",
+        "KV event ingest rate from N engines and recovery time after a gap",
+    ),
     "routing": (None, "routing quality (TTFT, hit rate, throughput) per policy and workload"),
     "chaos": (None, "fault injection: index divergence and convergence time after each fault"),
 }

@@ -111,7 +111,7 @@ async def match(request: Request) -> Response:
     kind: Kind = "chat" if "messages" in body else "completion"
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))
-    routed = await gateway.router.route(kind, body, profile, always_match=True)
+    routed = await gateway.router.route(kind, body, profile, dry_run=True)
     decision = routed.decision
     result = routed.request.match
     ranked = {state.name: rank for rank, state in enumerate(decision.ranking)}

@@ -89,10 +89,18 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         policy=profile.name,
         extra_response_headers=lambda state: _decision_headers(routed, state),
     )
+    router = gateway.router
+    first = routed.decision.ranking[0]
+
+    def on_attempt(state: PodState) -> None:
+        if state is not first:  # a retry: the blocks will be on this pod instead
+            router.expect(routed, state)
+
     return await gateway.upstream.forward(
         proxy_request,
         routed.decision.ranking,
-        on_dispatch=lambda state: gateway.router.record_dispatch(routed, state),
+        on_attempt=on_attempt,
+        on_served=lambda state: router.record_served(routed, state),
     )
 
 

@@ -64,15 +64,20 @@ class Upstream:
         request: ProxyRequest,
         ranking: list[PodState],
         *,
-        on_dispatch: Callable[[PodState], None] | None = None,
+        on_attempt: Callable[[PodState], None] | None = None,
+        on_served: Callable[[PodState], None] | None = None,
     ) -> StreamingResponse:
-        """Send to ranking[0], or ranking[1] if ranking[0] fails before answering;
-        `on_dispatch` learns which pod took it."""
+        """Send to ranking[0], or ranking[1] if ranking[0] fails before answering.
+
+        `on_attempt` hears of each pod tried, before the request is sent; `on_served` of the
+        pod whose answer goes back to the client."""
         headers = {k: v for k, v in request.headers.items() if k in _REQUEST_HEADERS}
         attempts = ranking[:2]
         for attempt, state in enumerate(attempts):
             last = attempt == len(attempts) - 1
             started = self._clock()
+            if on_attempt is not None:
+                on_attempt(state)
             self._acquire(state)
             upstream_request = self._client.build_request(
                 "POST", f"{state.pod.url}{request.path}", content=request.body, headers=headers
@@ -96,8 +101,8 @@ class Upstream:
                 self._metrics.upstream_errors.labels(state.name, "status_5xx").inc()
                 self._metrics.retries.labels(state.name).inc()
                 continue
-            if on_dispatch is not None:
-                on_dispatch(state)
+            if on_served is not None:
+                on_served(state)
             return StreamingResponse(
                 self._relay(response, state, request, started),
                 status_code=response.status_code,

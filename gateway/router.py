@@ -66,9 +66,10 @@ class Router:
         profile: RoutingProfile,
         *,
         session: str | None = None,
-        always_match: bool = False,
+        dry_run: bool = False,
     ) -> Routed:
-        """Decide where `body` goes; `always_match` tokenizes even for load-only policies."""
+        """Decide where `body` goes. A `dry_run` (the admin API's explanation) tokenizes even
+        for load-only policies and records nothing."""
         started = self._clock()
         model = body["model"]
         serving = self._registry.serving(model)
@@ -76,7 +77,7 @@ class Router:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         context = _context(model, serving)
         hashes: list[int] = []
-        if (profile.uses_prefix or always_match) and self._tokenizer is not None:
+        if (profile.uses_prefix or dry_run) and self._tokenizer is not None:
             tokens = await self._tokenize(kind, body, serving)
             if tokens is not None:
                 hashes = self._table.prefix_hashes(tokens)
@@ -96,12 +97,19 @@ class Router:
         observe("total").observe(finished - started)
         if not decision.ranking:
             raise NoRoutablePod(f"no routable pod for model `{model}` right now")
-        return Routed(decision, request, hashes)
+        routed = Routed(decision, request, hashes)
+        if not dry_run:
+            # Before any await: the next request of a burst must already see these blocks
+            # as expected on the chosen pod, long before its BlockStored arrives.
+            self.expect(routed, decision.ranking[0])
+        return routed
 
-    def record_dispatch(self, routed: Routed, state: PodState) -> None:
-        """The request went to `state`: expect its blocks there until the engine confirms."""
+    def expect(self, routed: Routed, state: PodState) -> None:
+        """The request goes to `state`: expect its blocks there until the engine confirms."""
         if routed.prefix_hashes:
             self._table.add_prefix(state.name, routed.request.context, routed.prefix_hashes)
+
+    def record_served(self, routed: Routed, state: PodState) -> None:
         model = routed.request.model
         self._metrics.prompt_blocks.labels(model).inc(routed.request.prompt_blocks)
         self._metrics.matched_blocks.labels(model).inc(routed.matched_blocks(state.name))

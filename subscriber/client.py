@@ -50,6 +50,10 @@ from subscriber.status import (
 
 logger = logging.getLogger(__name__)
 
+# Work done between yields to the event loop: a backlog (a replay, a burst) must never
+# stall the gateway's request handling or the other pods' subscribers.
+_YIELD_EVERY = 32
+
 _CONNECTION_UP = zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED
 _CONNECTION_DOWN = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
 
@@ -152,9 +156,13 @@ class PodSubscriber:
             else:
                 await self._catch_up("reconnected")
             self._phase = Phase.LIVE
+            handled = 0
             while True:
                 seq, payload = await self._next_live(tasks[0])
                 await self._on_live(seq, payload)
+                handled += 1
+                if handled % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # a ready queue never suspends by itself
         finally:
             for task in tasks:
                 task.cancel()
@@ -181,8 +189,12 @@ class PodSubscriber:
 
     async def _read_live(self, sub: zmq.asyncio.Socket) -> None:
         queue = self._queue
+        received = 0
         while True:
             frames = await sub.recv_multipart()
+            received += 1
+            if received % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # messages already waiting do not suspend the await
             self._last_message_at = self._clock()
             try:
                 _topic, seq, payload = decode_pub_message(frames)
@@ -284,7 +296,7 @@ class PodSubscriber:
             self._degrade(f"replay buffer starts at seq {entries[0].seq}: older blocks unknown")
         else:
             self._mark_whole()
-        self._apply_entries(entries)
+        await self._apply_entries(entries)
 
     async def _catch_up(self, why: str) -> bool:
         """Settle a gap, an odd seq or a reconnect by replaying from the last applied seq.
@@ -308,12 +320,12 @@ class PodSubscriber:
         elif entries[0].seq > last:
             lost = f"seq {last + 1}..{entries[0].seq - 1} lost"
             self._reset(degraded=f"{why}; replay buffer overrun ({lost})")
-            self._apply_entries(entries)
+            await self._apply_entries(entries)
         elif _digest(entries[0].payload) != self._last_digest:
             self._engine_restarted(why)
             await self._replay_from_start()
         else:
-            self._apply_entries(entries[1:])
+            await self._apply_entries(entries[1:])
         return not self._rebaseline
 
     async def _replay(self, start: int) -> list[ReplayEntry]:
@@ -333,8 +345,10 @@ class PodSubscriber:
         finally:
             self._phase = previous_phase
 
-    def _apply_entries(self, entries: list[ReplayEntry]) -> None:
-        for entry in entries:
+    async def _apply_entries(self, entries: list[ReplayEntry]) -> None:
+        for position, entry in enumerate(entries, 1):
+            if position % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             if self._last_seq is not None and entry.seq != self._last_seq + 1:
                 self._degrade(f"replay skipped from seq {self._last_seq} to {entry.seq}")
             batch = self._decode(entry.payload)

@@ -38,6 +38,8 @@ async def fetch_replay(
         dealer.connect(endpoint)
         await dealer.send_multipart(encode_replay_request(start))
         while True:
+            if len(entries) % 32 == 31:
+                await asyncio.sleep(0)  # replies already waiting would not suspend the loop
             try:
                 frames = await asyncio.wait_for(dealer.recv_multipart(), timeout_s)
             except TimeoutError:

@@ -1,0 +1,96 @@
+"""Fixtures: a real gateway (uvicorn on loopback) in front of real simulated engines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.app import create_app
+from gateway.server import GatewayServer
+from gateway.settings import Settings
+from simulator import EngineServer
+from tests.conftest import StartEngine
+
+ADMIN_TOKEN = "test-admin-token"
+MODEL = "sim-model"
+
+
+def pod_entry(server: EngineServer, *, events: bool = True, **extra: Any) -> dict[str, Any]:
+    engine = server.engine
+    entry: dict[str, Any] = {"name": engine.config.name, "url": server.url, "model": MODEL}
+    if events:
+        entry.update(
+            events=engine.publisher.events_endpoint,
+            replay=engine.publisher.replay_endpoint,
+            topic=engine.config.topic,
+        )
+    entry.update(extra)
+    return entry
+
+
+@dataclass
+class Gateway:
+    server: GatewayServer
+    app: Any
+    pods_file: Path
+    engines: list[EngineServer]
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.gateway
+
+    def client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=30, **kwargs)
+
+    def admin(self) -> httpx.AsyncClient:
+        return self.client(headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+
+    def write_pods(self, entries: list[dict[str, Any]]) -> None:
+        self.pods_file.write_text(json.dumps({"pods": entries}))
+
+
+StartGateway = Callable[..., Awaitable[Gateway]]
+
+
+@pytest.fixture
+async def start_gateway(start_engine: StartEngine, tmp_path: Path) -> AsyncIterator[StartGateway]:
+    """Start `engines` simulated engines and a gateway in front of them."""
+    gateways: list[GatewayServer] = []
+
+    async def start(
+        engines: int = 2,
+        *,
+        engine_overrides: dict[str, Any] | None = None,
+        pods: list[dict[str, Any]] | None = None,
+        **settings_overrides: Any,
+    ) -> Gateway:
+        servers = [
+            await start_engine(name=f"e{i}", **(engine_overrides or {})) for i in range(engines)
+        ]
+        pods_file = tmp_path / "pods.json"
+        entries = pods if pods is not None else [pod_entry(server) for server in servers]
+        pods_file.write_text(json.dumps({"pods": entries}))
+        settings = replace(
+            Settings(pods_file=pods_file, admin_token=ADMIN_TOKEN, scrape_interval_s=0.2),
+            **settings_overrides,
+        )
+        app = create_app(settings, registry=CollectorRegistry())
+        server = GatewayServer(app)
+        await server.start()
+        gateways.append(server)
+        return Gateway(server, app, pods_file, servers)
+
+    yield start
+    for server in reversed(gateways):
+        await server.stop()
