@@ -10,6 +10,7 @@ from pathlib import Path
 
 import uvicorn
 
+from gateway.discovery import load_pods_file
 from gateway.runtime import tune_gc
 from gateway.settings import POLICIES, Settings
 from indexer import ConfigError
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         settings = Settings.load(os.environ, overrides)
         if settings.pods_file is None:
             raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
+        load_pods_file(settings.pods_file)  # a bad file stops start-up with its own message
         from gateway.app import create_app
 
         app = create_app(settings)

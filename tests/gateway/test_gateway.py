@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import openai
@@ -395,3 +397,54 @@ async def test_ready_and_metrics(start_gateway: StartGateway) -> None:
         "kvgate_upstream_first_byte_seconds_bucket",
     ):
         assert name in text, name
+
+
+async def test_streamed_chunks_pass_through_unbuffered_on_a_reused_connection(
+    start_gateway: StartGateway,
+) -> None:
+    # A behaviour check, not a timing claim: every chunk reaches the client while the
+    # engine is still generating the rest, i.e. the gateway holds nothing back.
+    gw = await start_gateway(engines=1, engine_overrides=SLOW)
+    scheduler = gw.engines[0].engine.scheduler
+    async with gw.client() as client:
+        for attempt in range(2):  # the second request reuses the kept-alive connection
+            body = chat(f"stream {attempt}", max_tokens=30, stream=True)
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                lines = response.aiter_lines()
+                first = await anext(lines)
+                while not first.startswith("data:"):
+                    first = await anext(lines)
+                assert scheduler.running, "first chunk arrived only after the engine finished"
+                rest = [line async for line in lines if line.startswith("data:")]
+            assert rest[-1] == "data: [DONE]"
+            assert len(rest) >= 25
+
+
+async def test_serve_refuses_invalid_configuration(tmp_path: Path) -> None:
+    bad_pods = tmp_path / "pods.json"
+    bad_pods.write_text('{"pods": [{"name": "p", "url": "ftp://x", "model": "m"}]}')
+    good_pods = tmp_path / "good.json"
+    good_pods.write_text('{"pods": []}')
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--pods", str(bad_pods),
+        env={"PATH": "/usr/bin:/bin"}, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    assert "pods[0].url" in stderr.decode() and "ftp://x" in stderr.decode()
+    cases = {
+        "AIBRIX_REMOTE_TOKENIZER_TIMEOUT": ("forever", "Go-style"),
+        "AIBRIX_SYNC_MAX_CONTEXTS": ("-5", "positive integer"),
+        "KVGATE_DEFAULT_POLICY": ("fastest", "prefix-cache"),
+        "KVGATE_TIER_WEIGHTS": ("GPU=2", "TIER=WEIGHT"),
+    }
+    for variable, (value, allowed) in cases.items():
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(good_pods),
+            env={"PATH": "/usr/bin:/bin", variable: value},
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, stderr = await asyncio.wait_for(process.communicate(), 60)
+        message = stderr.decode()
+        assert process.returncode == 2, message
+        assert variable in message and repr(value) in message and allowed in message, message
