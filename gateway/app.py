@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import logging
 import random
+import signal
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ def create_app(
         async with contextlib.AsyncExitStack() as stack:
             gateway = await _start(app, stack, settings, discovery, transport, metrics, table, rng)
             app.state.gateway = gateway
+            stack.enter_context(_reload_on_sighup(discovery))
             yield
 
     app = Starlette(routes=[*api.routes, *admin.routes], lifespan=lifespan)
@@ -138,6 +140,7 @@ async def _start(
         upstream=Upstream(proxy_client, metrics),
         subscribers=subscribers,
         started_at=int(time.time()),
+        discovery=discovery,
     )
     scraper = MetricsScraper(
         registry,
@@ -153,6 +156,25 @@ async def _start(
     background.start("index-eviction", _evict_periodically(table, settings))
     logger.info("kvgate gateway ready: %d pods", len(registry.all()))
     return gateway
+
+
+@contextlib.contextmanager
+def _reload_on_sighup(discovery: Discovery) -> Iterator[None]:
+    """SIGHUP makes a file-based discovery re-read its file (one gateway per process)."""
+    reload = getattr(discovery, "request_reload", None)
+    loop = asyncio.get_running_loop()
+    installed = False
+    if callable(reload):
+        try:
+            loop.add_signal_handler(signal.SIGHUP, reload)
+            installed = True
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            logger.info("SIGHUP cannot be handled here; the pods file is still watched")
+    try:
+        yield
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGHUP)
 
 
 async def _wait_for_discovery(ready: asyncio.Event, task: asyncio.Task[None]) -> None:

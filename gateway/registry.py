@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from gateway.discovery import Pod
@@ -34,8 +35,10 @@ class PodState:
     @property
     def load(self) -> float:
         """Requests it is busy with: ours in flight, or the engine's count if higher (other
-        gateway replicas send to it too), plus its queue."""
-        return max(float(self.inflight), self.running) + self.waiting
+        gateway replicas send to it too), plus its queue. Unknowable (NaN) counts as
+        infinitely busy, never as idle."""
+        load = max(float(self.inflight), self.running) + self.waiting
+        return load if math.isfinite(load) else math.inf
 
 
 class PodRegistry:

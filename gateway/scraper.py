@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -35,15 +36,18 @@ def parse_engine_metrics(text: str) -> dict[str, float]:
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
-        name_end = line.find("{")
-        if name_end < 0:
-            name_end = line.find(" ")
+        brace = line.find("{")
+        space = line.find(" ")
+        name_end = brace if 0 <= brace < space or space < 0 else space
         field = _GAUGES.get(line[:name_end])
         if field is None:
             continue
+        rest = line[line.rfind("}") + 1 :] if brace == name_end else line[name_end:]
         try:
-            value = float(line.rsplit(" ", 1)[1])
+            value = float(rest.split()[0])  # a timestamp may follow the value
         except (IndexError, ValueError):
+            continue
+        if not math.isfinite(value):
             continue
         if field == "kv_usage":
             found[field] = max(found.get(field, 0.0), value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=args.log_level,
         access_log=False,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s),
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
         timeout_keep_alive=30,
     )
     server = uvicorn.Server(config)

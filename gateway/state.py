@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
+from gateway.discovery import Discovery
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Upstream
 from gateway.registry import PodRegistry
@@ -26,6 +27,7 @@ class GatewayState:
     upstream: Upstream
     subscribers: SubscriberManager | None
     started_at: int
+    discovery: Discovery
     discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 

@@ -32,6 +32,10 @@ _PROMPT_FIELDS = ("add_special_tokens",)
 class TokenizerError(Exception):
     """Tokenization failed (timeout, engine error, unusable request); route on load only."""
 
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
 
 @dataclass(frozen=True, slots=True)
 class TokenizeInput:
@@ -44,8 +48,8 @@ class TokenizeInput:
     def for_completion(cls, request: Mapping[str, Any]) -> TokenizeInput | list[int]:
         """The tokenize input of a /v1/completions body, or its token ids if it has them."""
         prompt = request.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one prompt
         if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             return list(prompt)  # already token ids
         if not isinstance(prompt, str):
@@ -109,6 +113,8 @@ class RemoteTokenizer:
                 tokens = await self._call(url, what.body)
             except TokenizerError as exc:
                 last_error = str(exc)
+                if not exc.retryable:
+                    break
                 if attempt < self._max_retries:
                     await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
                 continue
@@ -127,7 +133,11 @@ class RemoteTokenizer:
         except httpx.HTTPError as exc:
             raise TokenizerError(f"{url}/tokenize failed: {exc!r}") from None
         if response.status_code != 200:
-            raise TokenizerError(f"{url}/tokenize answered {response.status_code}")
+            # A 4xx is the same answer every time (unknown model, unsupported fields).
+            raise TokenizerError(
+                f"{url}/tokenize answered {response.status_code}",
+                retryable=response.status_code >= 500,
+            )
         try:
             tokens = response.json()["tokens"]
         except (ValueError, KeyError, TypeError):

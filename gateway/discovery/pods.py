@@ -12,7 +12,11 @@ from indexer import ConfigError
 ENGINES = ("vllm", "sglang")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _ZMQ = re.compile(r"(tcp://[^\s]+:\d+|ipc://\S+)")
-_HTTP = re.compile(r"https?://[^\s/]+")
+_HTTP = re.compile(r"https?://[^\s/]+/?")
+_KEYS = frozenset(
+    ("name", "url", "model", "engine", "events", "replay", "topic", "events_bind", "loras",
+     "lora_ids", "ready")
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +79,12 @@ def _parse_pod(item: Mapping[str, Any], where: str) -> Pod:
         return value
 
     name = text("name", _NAME, "a pod name (letters, digits, . _ -)", required=True)
-    url = text("url", _HTTP, "an http(s)://host:port URL", required=True).rstrip("/")
+    unknown = sorted(set(item) - _KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}.{unknown[0]}", item[unknown[0]], "one of " + ", ".join(sorted(_KEYS))
+        )
+    url = text("url", _HTTP, "an http(s)://host[:port] URL", required=True).rstrip("/")
     model = text("model", None, "a model name", required=True)
     engine = text("engine", re.compile("|".join(ENGINES)), "vllm or sglang", required=False)
     events = text("events", _ZMQ, "a ZMQ endpoint (tcp://host:port)", required=False)
@@ -94,6 +103,9 @@ def _parse_pod(item: Mapping[str, Any], where: str) -> Pod:
     bind = item.get("events_bind", False)
     if not isinstance(bind, bool):
         raise ConfigError(f"{where}.events_bind", bind, "true or false")
+    ready = item.get("ready", True)
+    if not isinstance(ready, bool):
+        raise ConfigError(f"{where}.ready", ready, "true or false (false drains the pod)")
     if replay is not None and events is None:
         raise ConfigError(f"{where}.replay", replay, "set only together with events")
     return Pod(
@@ -107,4 +119,5 @@ def _parse_pod(item: Mapping[str, Any], where: str) -> Pod:
         events_bind=bind,
         loras=tuple(loras),
         lora_ids=lora_ids,
+        ready=ready,
     )

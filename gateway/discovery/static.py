@@ -1,4 +1,5 @@
-"""Pods from a static file (JSON, or TOML by extension), reloaded on change or SIGHUP."""
+"""Pods from a static file (JSON, or TOML by extension), reloaded when it changes or when
+asked (`kvgate serve` asks on SIGHUP)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +33,7 @@ def load_pods_file(path: Path) -> list[Pod]:
 
 
 class StaticFileDiscovery:
-    """Reports the pods listed in a file; re-reads it when it changes or on SIGHUP.
+    """Reports the pods listed in a file; re-reads it when it changes or on `request_reload`.
 
     A file that becomes invalid is reported and ignored: the last good list stays.
     """
@@ -59,25 +59,24 @@ class StaticFileDiscovery:
         stamp = self._stamp()
         await sync_pods(listener, current, load_pods_file(self.path))
         ready.set()
-        with self._sighup():
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._reload_now.wait(), self._poll_interval_s)
-                forced = self._reload_now.is_set()
-                self._reload_now.clear()
-                new_stamp = self._stamp()
-                if not forced and new_stamp == stamp:
-                    continue
-                stamp = new_stamp
-                try:
-                    pods = load_pods_file(self.path)
-                except ConfigError as exc:
-                    logger.error("pods file not reloaded, keeping the last good list: %s", exc)
-                    if self.on_reload_error is not None:
-                        self.on_reload_error(exc)
-                    continue
-                self.reloads += 1
-                await sync_pods(listener, current, pods)
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._reload_now.wait(), self._poll_interval_s)
+            forced = self._reload_now.is_set()
+            self._reload_now.clear()
+            new_stamp = self._stamp()
+            if not forced and new_stamp == stamp:
+                continue
+            stamp = new_stamp
+            try:
+                pods = load_pods_file(self.path)
+            except ConfigError as exc:
+                logger.error("pods file not reloaded, keeping the last good list: %s", exc)
+                if self.on_reload_error is not None:
+                    self.on_reload_error(exc)
+                continue
+            self.reloads += 1
+            await sync_pods(listener, current, pods)
 
     def _stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -85,17 +84,3 @@ class StaticFileDiscovery:
         except OSError:
             return None
         return (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-
-    @contextlib.contextmanager
-    def _sighup(self) -> Any:
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
-            installed = True
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            installed = False
-        try:
-            yield
-        finally:
-            if installed:
-                loop.remove_signal_handler(signal.SIGHUP)

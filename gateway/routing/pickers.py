@@ -81,7 +81,7 @@ class SessionPicker:
     def __init__(self, fallback: Picker, *, max_sessions: int = 100_000) -> None:
         self._fallback = fallback
         self._max_sessions = max_sessions
-        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def rank(
         self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
@@ -89,13 +89,14 @@ class SessionPicker:
         ranking = self._fallback.rank(request, pods, scores)
         if request.session is None or not ranking:
             return ranking
-        bound = self._sessions.get(request.session)
+        key = (request.model, request.session)
+        bound = self._sessions.get(key)
         sticky = next((pod for pod in ranking if pod.name == bound), None)
         if sticky is not None:
             ranking.remove(sticky)
             ranking.insert(0, sticky)
-        self._sessions[request.session] = ranking[0].name
-        self._sessions.move_to_end(request.session)
+        self._sessions[key] = ranking[0].name
+        self._sessions.move_to_end(key)
         if len(self._sessions) > self._max_sessions:
             self._sessions.popitem(last=False)
         return ranking

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -314,6 +316,16 @@ async def test_pods_file_changes_apply_without_restart(
         for i in range(6)
     }
     assert used <= {"e1", "e2"}
+
+
+async def test_sighup_makes_the_gateway_reread_its_pods_file(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=1)
+    discovery = gw.state.discovery
+    assert discovery.reloads == 0
+    os.kill(os.getpid(), signal.SIGHUP)  # handled by the gateway's loop, not the default action
+    await eventually(lambda: discovery.reloads == 1, what="reload on SIGHUP")
 
 
 # -- admin, readiness, metrics -------------------------------------------------------------

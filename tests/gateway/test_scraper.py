@@ -1,0 +1,297 @@
+"""Engine /metrics: the line parser, and the scraper against real simulated engines."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.discovery import Pod
+from gateway.registry import PodRegistry, PodState
+from gateway.scraper import MetricsScraper, parse_engine_metrics
+from indexer import SyncPrefixHashTable
+from simulator import EngineServer
+from tests.conftest import StartEngine
+from tests.helpers import eventually, free_port
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "vllm-0.32.0-cpu-metrics.txt"
+MODEL = "sim-model"
+
+# -- parse_engine_metrics -------------------------------------------------------------------
+
+
+def test_the_real_vllm_page() -> None:
+    text = GOLDEN.read_text()
+    # What the golden page holds: an idle engine.
+    assert 'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0' in text
+    assert 'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0' in text
+    assert parse_engine_metrics(text) == {"running": 0.0, "waiting": 0.0, "kv_usage": 0.0}
+
+
+def test_the_real_vllm_page_with_load() -> None:
+    labels = '{engine="0",model_name="tiny"}'
+    text = GOLDEN.read_text()
+    for name, value in (
+        ("vllm:num_requests_running", "3.0"),
+        ("vllm:num_requests_waiting", "7.0"),
+        ("vllm:kv_cache_usage_perc", "0.42"),
+    ):
+        line = f"{name}{labels} 0.0"
+        assert line in text
+        text = text.replace(line, f"{name}{labels} {value}")
+    # num_requests_waiting_by_reason shares a prefix with num_requests_waiting: not counted.
+    text = text.replace('reason="capacity"} 0.0', 'reason="capacity"} 99.0')
+    assert parse_engine_metrics(text) == {"running": 3.0, "waiting": 7.0, "kv_usage": 0.42}
+
+
+def test_sglang_names() -> None:
+    text = "\n".join(
+        [
+            "# HELP sglang:num_running_reqs The number of running requests.",
+            "# TYPE sglang:num_running_reqs gauge",
+            'sglang:num_running_reqs{model_name="m",tp_rank="0"} 2.0',
+            "# TYPE sglang:num_queue_reqs gauge",
+            'sglang:num_queue_reqs{model_name="m",tp_rank="0"} 5.0',
+            "# TYPE sglang:token_usage gauge",
+            'sglang:token_usage{model_name="m",tp_rank="0"} 0.25',
+            'sglang:gen_throughput{model_name="m",tp_rank="0"} 1234.5',
+        ]
+    )
+    assert parse_engine_metrics(text) == {"running": 2.0, "waiting": 5.0, "kv_usage": 0.25}
+
+
+def test_data_parallel_ranks_are_summed_and_usage_is_the_fullest() -> None:
+    text = "\n".join(
+        [
+            'vllm:num_requests_running{engine="0",model_name="m"} 2.0',
+            'vllm:num_requests_running{engine="1",model_name="m"} 3.0',
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 1.0',
+            'vllm:num_requests_waiting{engine="1",model_name="m"} 4.0',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.3',
+            'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.7',
+        ]
+    )
+    assert parse_engine_metrics(text) == {"running": 5.0, "waiting": 5.0, "kv_usage": 0.7}
+
+
+def test_older_vllm_names_and_unlabelled_samples() -> None:
+    text = "vllm:num_requests_running 4\nvllm:gpu_cache_usage_perc 0.5\n"
+    assert parse_engine_metrics(text) == {"running": 4.0, "kv_usage": 0.5}
+
+
+def test_label_values_with_spaces_and_braces() -> None:
+    text = 'vllm:num_requests_running{model_name="my model {v2}"} 6.0'
+    assert parse_engine_metrics(text) == {"running": 6.0}
+
+
+def test_garbage_lines_are_skipped() -> None:
+    text = "\n".join(
+        [
+            "",
+            "   ",
+            "#",
+            "# vllm:num_requests_running 100",
+            "garbage",
+            "vllm:num_requests_running",  # no value
+            "vllm:num_requests_runnin",
+            'vllm:num_requests_running{engine="0"} not-a-number',
+            "vllm:num_requests_running{",
+            "{} 3",
+            "vllm:num_requests_waiting_total 9",
+            "\x00\xff binary",
+            'vllm:num_requests_waiting{engine="0"} 2.0',  # the one good line
+            "vllm:kv_cache_usage_perc",
+        ]
+    )
+    assert parse_engine_metrics(text) == {"waiting": 2.0}
+    assert parse_engine_metrics("") == {}
+    assert parse_engine_metrics("<html>502 Bad Gateway</html>") == {}
+
+
+def test_a_sample_with_a_timestamp() -> None:
+    text = 'vllm:num_requests_running{engine="0"} 2.0 1700000000000'
+    assert parse_engine_metrics(text) == {"running": 2.0}
+
+
+# -- MetricsScraper against real engines ----------------------------------------------------
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+def registry() -> PodRegistry:
+    return PodRegistry(table=SyncPrefixHashTable(), subscribers=None)
+
+
+async def add(reg: PodRegistry, server: EngineServer, *, url: str | None = None) -> PodState:
+    name = server.engine.config.name
+    await reg.upsert_pod(Pod(name=name, url=url or server.url, model=MODEL))
+    state = reg.get(name)
+    assert state is not None
+    return state
+
+
+def scraper(
+    reg: PodRegistry,
+    client: httpx.AsyncClient,
+    *,
+    unhealthy_after: int = 2,
+    on_scrape: Callable[[PodState, bool], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> MetricsScraper:
+    return MetricsScraper(
+        reg,
+        client,
+        interval_s=0.05,
+        unhealthy_after=unhealthy_after,
+        on_scrape=on_scrape,
+        clock=clock,
+    )
+
+
+async def test_gauges_are_read_from_a_busy_engine(
+    start_engine: StartEngine, client: httpx.AsyncClient
+) -> None:
+    server = await start_engine(name="busy", max_batch=1)
+    reg = registry()
+    state = await add(reg, server)
+    seen: list[tuple[str, bool]] = []
+    ticks = iter(range(1000))
+    metrics = scraper(
+        reg,
+        client,
+        on_scrape=lambda s, ok: seen.append((s.name, ok)),
+        clock=lambda: float(next(ticks)),
+    )
+
+    await metrics.scrape_all()
+    assert (state.running, state.waiting, state.kv_usage) == (0.0, 0.0, 0.0)
+    assert state.healthy and state.scraped_at == 0.0
+    assert seen == [("busy", True)]
+
+    # One engine step stalls for 2 s: one request runs, two wait, while we scrape.
+    armed = await client.post(f"{server.url}/sim/faults", json={"stall_ms": 2000, "seconds": 0.5})
+    assert armed.status_code == 200
+    body = {"model": MODEL, "prompt": "tell me a long story " * 8, "max_tokens": 4}
+    requests = [
+        asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body, timeout=30))
+        for _ in range(3)
+    ]
+    try:
+        scheduler = server.engine.scheduler
+        await eventually(
+            lambda: len(scheduler.running) == 1 and len(scheduler.waiting) == 2,
+            what="one running, two waiting",
+        )
+        await metrics.scrape_all()
+        assert state.running == 1.0
+        assert state.waiting == 2.0
+        assert state.load == 3.0
+        engine = server.engine
+        assert state.kv_usage == pytest.approx(engine.cache.gpu_used / engine.config.gpu_blocks)
+        assert state.kv_usage > 0.0
+        assert state.scraped_at == 1.0
+    finally:
+        responses = await asyncio.gather(*requests)
+    assert all(response.status_code == 200 for response in responses)
+
+
+async def test_a_stopped_engine_turns_unhealthy_and_heals_when_back(
+    start_engine: StartEngine, client: httpx.AsyncClient
+) -> None:
+    first = await start_engine(name="flaky")
+    reg = registry()
+    state = await add(reg, first)
+    port, url = first.port, first.url
+    seen: list[bool] = []
+    metrics = scraper(reg, client, unhealthy_after=3, on_scrape=lambda _s, ok: seen.append(ok))
+
+    await metrics.scrape_all()
+    assert state.healthy and state.failed_scrapes == 0
+
+    await first.stop()
+    for failures in (1, 2):
+        await metrics.scrape_all()
+        assert state.failed_scrapes == failures
+        assert state.healthy  # not yet: fewer than unhealthy_after failures
+        assert reg.routable() == [state]
+    await metrics.scrape_all()
+    assert state.failed_scrapes == 3
+    assert not state.healthy
+    assert reg.routable() == []
+    await metrics.scrape_all()
+    assert not state.healthy and state.failed_scrapes == 4
+
+    second = await start_engine(name="flaky", port=port)
+    assert second.url == url
+    await metrics.scrape_all()
+    assert state.healthy
+    assert state.failed_scrapes == 0
+    assert reg.routable() == [state]
+    assert seen == [True, False, False, False, False, True]
+
+
+async def test_the_scrape_loop_marks_and_heals_pods(
+    start_engine: StartEngine, client: httpx.AsyncClient
+) -> None:
+    first = await start_engine(name="loop-a")
+    steady = await start_engine(name="loop-b")
+    reg = registry()
+    state = await add(reg, first)
+    other = await add(reg, steady)
+    port = first.port
+    scrapes: list[str] = []
+    metrics = scraper(reg, client, on_scrape=lambda s, _ok: scrapes.append(s.name))
+    task = asyncio.create_task(metrics.run())
+    try:
+        await eventually(lambda: scrapes.count("loop-a") >= 2, what="scrapes")
+        assert state.healthy and other.healthy
+        await first.stop()
+        await eventually(lambda: not state.healthy, what="stopped engine unhealthy")
+        assert other.healthy
+        await start_engine(name="loop-a", port=port)
+        await eventually(lambda: state.healthy, what="restarted engine healthy")
+        assert other.healthy
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_an_answer_without_metrics_counts_as_alive(
+    start_engine: StartEngine, client: httpx.AsyncClient
+) -> None:
+    server = await start_engine(name="nometrics")
+    # A base URL whose /metrics is a 404 on a live server: an engine run without metrics.
+    reg = registry()
+    state = await add(reg, server, url=f"{server.url}/no-such-prefix")
+    state.running, state.waiting, state.kv_usage = 5.0, 5.0, 0.5
+    state.failed_scrapes = 2
+    metrics = scraper(reg, client)
+    await metrics.scrape_all()
+    assert state.healthy
+    assert state.failed_scrapes == 0
+    assert (state.running, state.waiting, state.kv_usage) == (0.0, 0.0, 0.0)
+
+
+async def test_a_pod_that_never_answered_becomes_unhealthy(client: httpx.AsyncClient) -> None:
+    reg = registry()
+    await reg.upsert_pod(Pod(name="ghost", url=f"http://127.0.0.1:{free_port()}", model=MODEL))
+    state = reg.get("ghost")
+    assert state is not None
+    metrics = scraper(reg, client, unhealthy_after=1)
+    await metrics.scrape_all()
+    assert not state.healthy
+    assert state.scraped_at is None
+
+
+async def test_an_empty_registry_is_fine(client: httpx.AsyncClient) -> None:
+    await scraper(registry(), client).scrape_all()
