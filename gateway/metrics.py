@@ -167,8 +167,18 @@ class _FleetCollector(Collector):
             families["degraded"].add_metric([state.name], float(not status.whole))
             for name, family in counters.items():
                 family.add_metric([state.name], float(getattr(status, name)))
+        broken = CounterMetricFamily(
+            "kvgate_subscriber_broken_chain_blocks",
+            "Stored blocks not indexed because their parent was unknown",
+            labels=["pod"],
+        )
+        for state in self.pods.all():
+            if self.table.has_pod(state.name):
+                count = self.table.rejected_blocks(state.name).get("broken_chain", 0)
+                broken.add_metric([state.name], float(count))
         yield from families.values()
         yield from counters.values()
+        yield broken
         rejected = CounterMetricFamily(
             "kvgate_subscriber_rejected_frames", "Frames that could not be decoded",
             labels=["pod", "reason"],

@@ -34,6 +34,7 @@ class PodState:
         "model",
         "name",
         "publishes_events",
+        "rejected",
         "size",
     )
 
@@ -57,6 +58,7 @@ class PodState:
         self.extra_refs: tuple[dict[Block, int], ...] = ({}, {}, {})
         self.expected: dict[Block, float] = {}
         self.size = 0
+        self.rejected: dict[str, int] = {}
 
     def context(self, lora_id: int | None, lora_name: str | None) -> ModelContext:
         if lora_name:

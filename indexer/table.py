@@ -149,11 +149,11 @@ class SyncPrefixHashTable:
         engine_block = event.block_size or self.config.block_size
         tokens = event.token_ids
         if len(tokens) != count * engine_block:
-            return self._reject("token_count_mismatch", count)
+            return self._reject(state, "token_count_mismatch", count)
         if engine_block % self.config.block_size:
             # An engine block smaller than (or not a multiple of) the gateway's block cannot
             # be mapped one-to-many; the subscriber re-chunks such engines before this point.
-            return self._reject("block_size_mismatch", count)
+            return self._reject(state, "block_size_mismatch", count)
         per_engine = engine_block // self.config.block_size
         parent = event.parent_block_hash
         if parent is None:
@@ -162,12 +162,12 @@ class SyncPrefixHashTable:
             found = state.lookup_gateway_hash(parent)
             if found is None:
                 self._broken_events += 1
-                return self._reject("broken_chain", count)
+                return self._reject(state, "broken_chain", count)
             parent_gw = found
         try:
             gateway_hashes = self.hasher.chain(parent_gw, tokens)
         except ValueError:
-            return self._reject("bad_token_ids", count)
+            return self._reject(state, "bad_token_ids", count)
 
         tier = Tier.from_medium(event.medium)
         store = self._store_for(state.context(event.lora_id, event.lora_name), now)
@@ -196,7 +196,7 @@ class SyncPrefixHashTable:
                 self._drop_entry(state, tier, engine_hash, old)
                 room += 1
             if room <= 0:
-                self._reject("pod_limit", count - i)
+                self._reject(state, "pod_limit", count - i)
                 break
             room -= 1
             target: Target
@@ -394,6 +394,11 @@ class SyncPrefixHashTable:
         state = self._state(pod)
         return {tier: state.engine_hashes(tier) for tier in _REAL}
 
+    def rejected_blocks(self, pod: str) -> dict[str, int]:
+        """Blocks of this pod's BlockStored events not indexed, by reason (broken_chain...),
+        since it was registered."""
+        return dict(self._state(pod).rejected)
+
     def stats(self) -> IndexStats:
         self._expire(self._clock())
         return IndexStats(
@@ -451,8 +456,9 @@ class SyncPrefixHashTable:
         elif self._expiries and self._expiries[0][0] <= now:
             self._expire(now)
 
-    def _reject(self, reason: str, blocks: int) -> int:
+    def _reject(self, state: PodState, reason: str, blocks: int) -> int:
         self._rejected[reason] += blocks
+        state.rejected[reason] = state.rejected.get(reason, 0) + blocks
         return 0
 
     def _store_for(self, context: ModelContext, now: float) -> PrefixStore:

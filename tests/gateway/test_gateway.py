@@ -403,6 +403,7 @@ async def test_ready_and_metrics(start_gateway: StartGateway) -> None:
         "kvgate_subscriber_last_seq",
         "kvgate_subscriber_degraded",
         "kvgate_subscriber_replays_total",
+        "kvgate_subscriber_broken_chain_blocks_total",
         "kvgate_index_size",
         "kvgate_index_events_total",
         "kvgate_pod_healthy",

@@ -85,6 +85,8 @@ def test_broken_chain_is_counted_and_not_inserted(table: SyncPrefixHashTable) ->
     assert stats.broken_chain_events == 1
     assert stats.broken_chain_blocks == 2
     assert stats.blocks == 0
+    assert table.rejected_blocks("a") == {"broken_chain": 2}
+    assert table.rejected_blocks("b") == {}
     assert table.dump("a") == set()
     # In particular the blocks are not re-rooted at the seed: the prompt that starts with
     # those tokens does not match them.
