@@ -110,7 +110,12 @@ class PagedPrefixCache:
         on_gpu = sum(1 for b in chain if Tier.GPU in b.tiers)
         need = max(0, self.blocks_needed(total_tokens) - on_gpu)
         idle_in_chain = sum(1 for b in chain if b.key in self.tiers.lru[Tier.GPU])
-        if self.tiers.free(Tier.GPU) + self.tiers.evictable_estimate() - idle_in_chain < need:
+        if (
+            self.tiers.free(Tier.GPU)
+            + self.tiers.evictable_estimate(any_pins=bool(self._pinned))
+            - idle_in_chain
+            < need
+        ):
             return None
         hits = {t: 0 for t in Tier}
         for block in chain:

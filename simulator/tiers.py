@@ -147,6 +147,9 @@ class TierResidency:
         )
         return max(0, len([b for b in protected if Tier.CPU not in b.tiers]) - host_room)
 
-    def evictable_estimate(self) -> int:
-        """Roughly how many GPU slots eviction could free (ignores the leaf order)."""
-        return len(self.lru[Tier.GPU]) - self.protected_footprint()
+    def evictable_estimate(self, *, any_pins: bool = True) -> int:
+        """Roughly how many GPU slots eviction could free (ignores the leaf order).
+
+        Without pins nothing is protected: skip the scan of every GPU block."""
+        resident = len(self.lru[Tier.GPU])
+        return resident - self.protected_footprint() if any_pins else resident
