@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.indexer_workload import FleetWorkload, build_fleet
-from bench.results_io import RESULTS_DIR, percentile, print_table, write_json
+from bench.results_io import (
+    add_output_arguments,
+    percentile,
+    print_table,
+    pyplot,
+    write_json,
+)
 from gateway.runtime import tune_gc
 from indexer import IndexConfig, IndexLimits, ModelContext, SyncPrefixHashTable
 
@@ -39,20 +45,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--matches", type=int, default=None, help="match queries per setting")
     parser.add_argument("--seed", type=int, default=7, help="workload seed")
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / "indexer.json",
-        metavar="PATH",
-        help="where to write the JSON results (default bench/results/indexer.json)",
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=RESULTS_DIR / "indexer.png",
-        metavar="PATH",
-        help="where to write the match-latency plot (default bench/results/indexer.png)",
-    )
+    add_output_arguments(parser, "indexer")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -241,14 +234,7 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def _plot(path: Path, latencies: dict[int, list[float]], pods: int) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - matplotlib is a dependency
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
+    plt = pyplot(path)
     figure, axis = plt.subplots(figsize=(7, 4))
     for candidates, samples in sorted(latencies.items()):
         ordered = sorted(samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import sys
@@ -46,3 +47,32 @@ def write_json(path: Path, results: Mapping[str, Any]) -> Path:
     }
     path.write_text(json.dumps(document, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """`--json PATH` and `--plot PATH`, defaulting to bench/results/<name>.json|png."""
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=RESULTS_DIR / f"{name}.json",
+        metavar="PATH",
+        help=f"where to write the JSON results (default bench/results/{name}.json)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=RESULTS_DIR / f"{name}.png",
+        metavar="PATH",
+        help=f"where to write the plot (default bench/results/{name}.png)",
+    )
+
+
+def pyplot(path: Path) -> Any:
+    """matplotlib's pyplot on the headless Agg backend, with `path`'s folder created."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return plt

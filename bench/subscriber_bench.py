@@ -53,7 +53,13 @@ from typing import Any
 
 import zmq.asyncio
 
-from bench.results_io import RESULTS_DIR, percentile, print_table, write_json
+from bench.results_io import (
+    add_output_arguments,
+    percentile,
+    print_table,
+    pyplot,
+    write_json,
+)
 from gateway.runtime import tune_gc
 from indexer import IndexConfig, SyncPrefixHashTable
 from simulator.block_hash import BlockHasher
@@ -745,20 +751,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--requests-per-batch", type=int, default=2, help="requests served per engine step"
     )
     parser.add_argument("--seed", type=int, default=7, help="workload seed")
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / "subscriber.json",
-        metavar="PATH",
-        help="where to write the JSON results (default bench/results/subscriber.json)",
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=RESULTS_DIR / "subscriber.png",
-        metavar="PATH",
-        help="where to write the plot (default bench/results/subscriber.png)",
-    )
+    add_output_arguments(parser, "subscriber")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -941,14 +934,7 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def _plot(path: Path, gateway: _Gateway, results: dict[str, Any]) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - matplotlib is a dependency
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
+    plt = pyplot(path)
     figure, (live, burst, recovery) = plt.subplots(3, 1, figsize=(8, 9.5))
     _plot_phase(live, gateway, "live", "prepare")
     live.set_title(

@@ -64,3 +64,16 @@ def free_ports(count: int = 1) -> list[int]:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds

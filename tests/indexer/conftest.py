@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from indexer import IndexConfig, IndexLimits, SyncPrefixHashTable
+from tests.helpers import FakeClock
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,19 +22,6 @@ class Stored:
     lora_id: int | None = None
     lora_name: str | None = None
     medium: str | None = "GPU"
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from indexer import ModelContext, SyncPrefixHashTable, Tier
-from tests.indexer.conftest import FakeClock, Stored, make_table
+from tests.helpers import FakeClock
+from tests.indexer.conftest import Stored, make_table
 
 BLOCK = 2  # gateway block size
 PODS = ("p0", "p1", "p2")

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 from indexer import IndexLimits, ModelContext, SyncPrefixHashTable, Tier, UnknownPodError
-from tests.indexer.conftest import FakeClock, Stored, make_table
+from tests.helpers import FakeClock
+from tests.indexer.conftest import Stored, make_table
 
 CTX = ModelContext("m")
 TOKENS = list(range(100, 132))  # 8 blocks of 4

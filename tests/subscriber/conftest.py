@@ -34,16 +34,3 @@ def golden() -> list[GoldenRecord]:
 @pytest.fixture(scope="session")
 def live_payloads(golden: list[GoldenRecord]) -> list[bytes]:
     return [r.frames[2] for r in golden if r.kind == "live"]
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from subscriber import RejectCounter, RejectVerdict
-from tests.subscriber.conftest import FakeClock
+from tests.helpers import FakeClock
 
 
 def test_counts_per_pod_and_reason() -> None:
