@@ -1,16 +1,67 @@
-"""`kvgate demo`: the one-command demonstration."""
+"""`kvgate demo`: the one-command demonstration.
+
+Starts `--engines` simulated engines (a child process) and the gateway on loopback, waits
+until every KV-event subscriber is whole, runs a multi-turn chat workload with round-robin
+and then with prefix-cache routing (engine caches reset in between), prints the comparison
+and writes JSON + PNG under `--out`. Then the gateway keeps serving until Ctrl-C, unless
+`--no-serve`.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
+from pathlib import Path
+
+from bench.results_io import RESULTS_DIR
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engines", type=int, default=4, help="number of simulated engines")
-    parser.add_argument("--no-serve", action="store_true", help="exit after the results table")
+    add = parser.add_argument
+    add("--engines", type=int, default=4, help="number of simulated engines (default 4)")
+    add("--sessions", type=int, default=None, help="concurrent chat sessions (default 24)")
+    add("--turns", type=int, default=None, help="turns per session (default 10)")
+    add("--time-scale", type=float, default=None,
+        help="engines run this many times faster than the modelled GPU")  # fmt: skip
+    add("--seed", type=int, default=0, help="workload seed (same seed, same workload)")
+    add("--port", type=int, default=8080,
+        help="gateway port (8080; a free one if taken; 0 = any free port)")  # fmt: skip
+    add("--no-serve", action="store_true", help="exit after the results table")
+    add("--quick", action="store_true", help="a tiny workload (seconds; for tests)")
+    add("--out", type=Path, default=RESULTS_DIR / "demo", help="directory for JSON + PNG")
+    add("--quiet", action="store_true", help="no progress bar or status lines")
 
 
 def run(args: argparse.Namespace) -> int:
-    print("kvgate demo: not yet available in this version", file=sys.stderr)
-    return 2
+    from bench.demo import DemoOptions, make_plan, run_demo
+    from bench.demo.progress import stderr_is_tty
+
+    errors = {
+        "--engines": args.engines < 1,
+        "--sessions": args.sessions is not None and args.sessions < 1,
+        "--turns": args.turns is not None and args.turns < 1,
+        "--time-scale": args.time_scale is not None and args.time_scale <= 0,
+        "--port": not 0 <= args.port < 65536,
+    }
+    bad = [name for name, wrong in errors.items() if wrong]
+    if bad:
+        print(f"kvgate demo: invalid value for {', '.join(bad)}")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    plan = make_plan(
+        engines=args.engines,
+        sessions=args.sessions,
+        turns=args.turns,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        quick=args.quick,
+    )
+    options = DemoOptions(
+        plan=plan,
+        port=args.port,
+        out_dir=args.out,
+        serve=not args.no_serve,
+        quiet=args.quiet,
+        progress=not args.quiet and stderr_is_tty(),
+    )
+    return run_demo(options)

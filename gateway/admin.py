@@ -107,7 +107,7 @@ async def index(request: Request) -> Response:
 async def match(request: Request) -> Response:
     """Exactly what a routing decision would see for this prompt, without sending it."""
     gateway = _authorized(request)
-    body = await read_json(request, gateway.settings.max_body_bytes)
+    _, body = await read_json(request, gateway.settings.max_body_bytes)
     kind: Kind = "chat" if "messages" in body else "completion"
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))

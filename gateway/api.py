@@ -20,8 +20,8 @@ from subscriber import Phase
 POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object, refusing more than `limit` bytes (413)."""
+async def read_json(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
+    """The request body, raw and as a JSON object, refusing more than `limit` bytes (413)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
@@ -39,7 +39,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
-    return body
+    return raw, body
 
 
 def validate(kind: Kind, body: dict[str, Any]) -> None:
@@ -75,13 +75,12 @@ def requested_policy(request: Request) -> str | None:
 
 async def _generate(request: Request, kind: Kind, path: str) -> Response:
     gateway = state_of(request)
-    body = await read_json(request, gateway.settings.max_body_bytes)
+    raw, body = await read_json(request, gateway.settings.max_body_bytes)
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))
     session = request.headers.get(gateway.settings.session_header)
     routed = await gateway.router.route(kind, body, profile, session=session)
-    raw = json.dumps(body, ensure_ascii=False).encode()
-    proxy_request = ProxyRequest(
+    proxy_request = ProxyRequest(  # the client's own bytes go upstream, unchanged
         path=path,
         body=raw,
         headers=request.headers,

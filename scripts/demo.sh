@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job. Sets up .venv/ and runs kvgate's demonstration; extra arguments are passed on.
-# Until the gateway and the simulated fleet land, the demonstration is the indexer benchmark.
+# The main job: sets up .venv/ and runs `kvgate demo` — simulated engines + the gateway +
+# a multi-turn workload, round-robin vs prefix-cache — then keeps the gateway serving
+# until Ctrl-C. Extra arguments are passed on (e.g. --no-serve, --engines 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-exec .venv/bin/kvgate bench indexer "$@"
+exec .venv/bin/kvgate demo "$@"

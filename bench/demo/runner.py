@@ -1,0 +1,207 @@
+"""The demo, start to finish, and its signal handling.
+
+One process runs the gateway (in-process uvicorn) and the load generator (asyncio tasks);
+the engines run in a child process (see `fleet.py`). SIGINT and SIGTERM set one event:
+while the benchmark runs it is cancelled (exit 130), while serving the demo returns 0;
+either way the gateway stops first, then the engine process group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.demo.engine_stats import deltas, read_counters
+from bench.demo.fleet import FleetError, FleetSpec, SimFleet
+from bench.demo.gateway import AdminClient, start_gateway, write_pods_file
+from bench.demo.instructions import serving_instructions
+from bench.demo.loadgen import LoadSpec, RequestRecord, run_load
+from bench.demo.plan import DemoPlan
+from bench.demo.probe import LoopLagProbe
+from bench.demo.progress import ProgressBar
+from bench.demo.report import RunSummary, format_table, headline, plot, summarize
+from bench.results_io import write_json
+from bench.workloads import ChatWorkload
+
+POLICIES = ("round-robin", "prefix-cache")
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    plan: DemoPlan
+    port: int
+    out_dir: Path
+    serve: bool
+    quiet: bool
+    progress: bool
+
+
+@dataclass(slots=True)
+class _Phase:
+    serving: bool = False
+
+
+def run_demo(options: DemoOptions) -> int:
+    return asyncio.run(_main(options))
+
+
+async def _main(options: DemoOptions) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    phase = _Phase()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        demo = asyncio.create_task(_demo(options, stop, phase), name="kvgate-demo")
+        stopper = asyncio.create_task(stop.wait(), name="kvgate-demo-stop")
+        await asyncio.wait({demo, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if demo.done():
+            try:
+                return demo.result()
+            except (FleetError, TimeoutError, OSError, httpx.HTTPError) as exc:
+                print(f"kvgate demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+                return 1
+        if phase.serving:
+            return await demo  # sees `stop` and shuts down in order
+        _say(options, "\ninterrupted: stopping the gateway and the engines")
+        demo.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await demo
+        return 130
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _demo(options: DemoOptions, stop: asyncio.Event, phase: _Phase) -> int:
+    plan = options.plan
+    workload = plan.workload()
+    spec = FleetSpec(
+        engines=plan.engines,
+        gpu_blocks=plan.gpu_blocks(workload),
+        time_scale=plan.time_scale,
+        max_batch=plan.max_batch,
+        seed=workload.config.seed,
+    )
+    rng = random.Random()
+    token = secrets.token_urlsafe(12)
+    async with contextlib.AsyncExitStack() as stack:
+        _say(options, _intro(plan, workload, spec))
+        fleet = SimFleet(spec, options.out_dir / "sim.log")
+        stack.push_async_callback(fleet.stop)
+        await fleet.start(rng)
+        pods_file = write_pods_file(options.out_dir / "pods.json", fleet.endpoints)
+        gateway = await start_gateway(pods_file, token, options.port)
+        stack.push_async_callback(gateway.stop)
+        if options.port and gateway.port != options.port:
+            _say(options, f"port {options.port} is taken: the gateway listens on {gateway.port}")
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
+        admin = AdminClient(client, gateway.url, token)
+        await admin.wait_whole()
+        _say(options, f"gateway {gateway.url}: {len(fleet.endpoints)} pods, subscribers whole")
+        runs: list[tuple[RunSummary, list[RequestRecord]]] = []
+        for policy in POLICIES:
+            runs.append(await _run_policy(options, policy, workload, fleet, admin, client,
+                                          gateway.url))  # fmt: skip
+        (base, _), (best, _) = runs
+        print()
+        print(f"kvgate demo: {workload.requests} requests per policy, {plan.engines} engines")
+        print(format_table(base, best))
+        print(f"\n=> prefix-cache vs round-robin: {headline(base, best)}")
+        paths = _write_results(options.out_dir, plan, spec, runs)
+        print("results: " + ", ".join(str(p) for p in paths))
+        errors = base.errors + best.errors
+        if errors:
+            print(f"{errors} requests failed, e.g. {(base.first_errors or best.first_errors)[:1]}")
+        if not options.serve:
+            return 1 if errors else 0
+        model = fleet.endpoints[0].model
+        print(serving_instructions(gateway.url, model, token, plan.engines), flush=True)
+        phase.serving = True
+        await stop.wait()
+        _say(options, "stopping the gateway and the engines")
+    return 0
+
+
+async def _run_policy(
+    options: DemoOptions,
+    policy: str,
+    workload: ChatWorkload,
+    fleet: SimFleet,
+    admin: AdminClient,
+    client: httpx.AsyncClient,
+    gateway_url: str,
+) -> tuple[RunSummary, list[RequestRecord]]:
+    """Reset every engine's cache, wait until the index is empty, run the workload."""
+    await admin.reset_engine_caches([e.url for e in fleet.endpoints])
+    await admin.wait_whole(empty=True)
+    before = await read_counters(client, fleet.endpoints)
+    cpu_before = (time.process_time(), fleet.cpu_seconds(), time.perf_counter())
+    bar = ProgressBar(policy, workload.requests, enabled=options.progress)
+    probe = LoopLagProbe()
+    drawing = asyncio.create_task(bar.run(), name="kvgate-demo-progress")
+    probing = asyncio.create_task(probe.run(), name="kvgate-demo-loop-probe")
+    try:
+        model = fleet.endpoints[0].model
+        spec = LoadSpec(gateway_url, model, policy, options.plan.time_scale)
+        records = await run_load(spec, workload, bar.done)
+    finally:
+        for task in (drawing, probing):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    after = await read_counters(client, fleet.endpoints)
+    elapsed = time.perf_counter() - cpu_before[2]
+    cpu = {
+        "gateway_and_load_generator": (time.process_time() - cpu_before[0]) / elapsed,
+        "engines": (fleet.cpu_seconds() - cpu_before[1]) / elapsed,
+    }
+    engines = deltas(after, before)
+    summary = summarize(policy, records, engines, options.plan.time_scale, probe.summary_ms(), cpu)
+    if not options.progress:
+        _say(options, f"{policy}: {summary.requests} requests in {summary.duration_s:.1f} s")
+    return summary, records
+
+
+def _intro(plan: DemoPlan, workload: ChatWorkload, spec: FleetSpec) -> str:
+    config = workload.config
+    return (
+        f"kvgate demo: {spec.engines} simulated engines ({spec.gpu_blocks} KV blocks of 16 "
+        f"tokens each, time scale {spec.time_scale:g}), {config.sessions} chat sessions × "
+        f"{config.turns} turns over {config.system_prompts} shared system prompts "
+        f"(working set ≈ {workload.working_set_tokens():,} tokens), seed {config.seed}"
+    )
+
+
+def _write_results(
+    out_dir: Path,
+    plan: DemoPlan,
+    spec: FleetSpec,
+    runs: list[tuple[RunSummary, list[RequestRecord]]],
+) -> list[Path]:
+    document = {
+        "engines": spec.engines,
+        "gpu_blocks_per_engine": spec.gpu_blocks,
+        "time_scale": spec.time_scale,
+        "workload": asdict(plan.workload_config),
+        "runs": {summary.policy: summary.as_json(records) for summary, records in runs},
+    }
+    paths = [write_json(out_dir / "demo.json", document)]
+    if plot(out_dir / "demo.png", runs):
+        paths.append(out_dir / "demo.png")
+    return paths
+
+
+def _say(options: DemoOptions, message: str) -> None:
+    if not options.quiet:
+        print(message, file=sys.stderr, flush=True)
