@@ -21,6 +21,10 @@ _BENCHMARKS: dict[str, tuple[str | None, str]] = {
         "bench.subscriber_bench",
         "KV event ingest rate from N engines and recovery time after a gap",
     ),
+    "overhead": (
+        "bench.overhead_bench",
+        "latency the gateway adds (p50/p99, c=1/32, tokenized), first-chunk delay, max req/s",
+    ),
     "routing": (None, "routing quality (TTFT, hit rate, throughput) per policy and workload"),
     "chaos": (None, "fault injection: index divergence and convergence time after each fault"),
 }
