@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from indexer.block import Block
 from indexer.types import EngineHash, ModelContext, Tier
@@ -10,6 +11,17 @@ from indexer.types import EngineHash, ModelContext, Tier
 Target = Block | tuple[Block, ...]
 """What one engine block stands for: one gateway block, or several when the engine's
 blocks are a multiple of the gateway's block size."""
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """An engine block smaller than a gateway block that does not complete one (SGLang
+    with page size 1 sends a block per token): the gateway hash it chains from, and the
+    tokens since that boundary. The engine block that completes the gateway block maps to
+    it like any other entry."""
+
+    parent_gw: int
+    pending: tuple[int, ...]
 
 
 class PodState:
@@ -33,6 +45,7 @@ class PodState:
         "lora_names",
         "model",
         "name",
+        "partials",
         "publishes_events",
         "rejected",
         "size",
@@ -54,6 +67,7 @@ class PodState:
         self.publishes_events = publishes_events
         self.lora_names = dict(lora_names)
         self.entries: tuple[dict[EngineHash, Target], ...] = ({}, {}, {})
+        self.partials: tuple[dict[EngineHash, Partial], ...] = ({}, {}, {})
         self.copies: tuple[dict[EngineHash, int], ...] = ({}, {}, {})
         self.extra_refs: tuple[dict[Block, int], ...] = ({}, {}, {})
         self.expected: dict[Block, float] = {}
@@ -67,20 +81,28 @@ class PodState:
             return ModelContext(self.model, self.lora_names.get(lora_id, f"lora-{lora_id}"))
         return self.base_context
 
-    def lookup_gateway_hash(self, engine_hash: EngineHash) -> int | None:
-        """The gateway hash an engine hash stands for, in whatever tier the pod holds it."""
-        for entries in self.entries:
+    def lookup_chain(self, engine_hash: EngineHash) -> tuple[int, tuple[int, ...]] | None:
+        """Where a child of this engine block chains from: the last gateway hash and the
+        tokens since it (none unless the block is a partial), in whatever tier it is held."""
+        for entries, partials in zip(self.entries, self.partials, strict=True):
             target = entries.get(engine_hash)
             if target is not None:
-                return target.gw_hash if isinstance(target, Block) else target[-1].gw_hash
+                gw_hash = target.gw_hash if isinstance(target, Block) else target[-1].gw_hash
+                return gw_hash, ()
+            partial = partials.get(engine_hash)
+            if partial is not None:
+                return partial.parent_gw, partial.pending
         return None
 
     def engine_hashes(self, tier: Tier) -> set[EngineHash]:
-        """Engine hashes held in `tier` whose gateway blocks are still indexed."""
-        return {engine_hash for engine_hash, target in self.entries[tier].items() if _alive(target)}
+        """Engine hashes held in `tier` whose gateway blocks are still indexed (partial
+        blocks included)."""
+        held = {engine_hash for engine_hash, target in self.entries[tier].items() if _alive(target)}
+        held.update(self.partials[tier])
+        return held
 
     def clear(self) -> None:
-        for maps in (self.entries, self.copies, self.extra_refs):
+        for maps in (self.entries, self.partials, self.copies, self.extra_refs):
             for mapping in maps:
                 mapping.clear()
         self.expected.clear()

@@ -22,7 +22,7 @@ from indexer.block import Block, PrefixStore
 from indexer.config import IndexConfig
 from indexer.hashing import PrefixHasher
 from indexer.match import IndexStats, MatchResult
-from indexer.pod import PodState, Target, blocks_of
+from indexer.pod import Partial, PodState, Target, blocks_of
 from indexer.types import (
     EngineHash,
     ModelContext,
@@ -150,20 +150,18 @@ class SyncPrefixHashTable:
         tokens = event.token_ids
         if len(tokens) != count * engine_block:
             return self._reject(state, "token_count_mismatch", count)
-        if engine_block % self.config.block_size:
-            # An engine block smaller than (or not a multiple of) the gateway's block cannot
-            # be mapped one-to-many; the subscriber re-chunks such engines before this point.
+        gateway_block = self.config.block_size
+        if engine_block % gateway_block and gateway_block % engine_block:
             return self._reject(state, "block_size_mismatch", count)
-        per_engine = engine_block // self.config.block_size
         parent = event.parent_block_hash
-        if parent is None:
-            parent_gw = self.hasher.seed
-        else:
-            found = state.lookup_gateway_hash(parent)
-            if found is None:
-                self._broken_events += 1
-                return self._reject(state, "broken_chain", count)
-            parent_gw = found
+        chain = (self.hasher.seed, ()) if parent is None else state.lookup_chain(parent)
+        if chain is None or (engine_block >= gateway_block and chain[1]):
+            self._broken_events += 1
+            return self._reject(state, "broken_chain", count)
+        if engine_block < gateway_block:
+            return self._apply_small_blocks(state, event, engine_block, chain, now)
+        per_engine = engine_block // gateway_block
+        parent_gw = chain[0]
         try:
             gateway_hashes = self.hasher.chain(parent_gw, tokens)
         except ValueError:
@@ -178,8 +176,13 @@ class SyncPrefixHashTable:
         on_gpu = tier is _GPU
         bit = state.bit
         room = self._limits.max_blocks_per_pod - state.size
+        partials = state.partials[tier]
         applied = 0
         for i, engine_hash in enumerate(engine_hashes):
+            if partials.pop(engine_hash, None) is not None:  # was a partial block: now full
+                self._remapped += 1
+                copies.pop(engine_hash, None)
+                room += 1
             old = entries.get(engine_hash)
             if old is not None:
                 first = i * per_engine
@@ -232,6 +235,67 @@ class SyncPrefixHashTable:
             self._trim(store)
         return applied
 
+    def _apply_small_blocks(
+        self,
+        state: PodState,
+        event: StoredBlocksEvent,
+        engine_block: int,
+        chain: tuple[int, tuple[int, ...]],
+        now: float,
+    ) -> int:
+        """Engine blocks smaller than gateway blocks: every `gateway / engine` of them make one
+        gateway block; the ones in between are kept as partials so their children chain on."""
+        tokens = event.token_ids
+        count = len(event.block_hashes)
+        try:
+            self.hasher.chain(0, tokens, block_size=len(tokens))  # validates every token id
+        except ValueError:
+            return self._reject(state, "bad_token_ids", count)
+        tier = Tier.from_medium(event.medium)
+        store = self._store_for(state.context(event.lora_id, event.lora_name), now)
+        entries, partials, copies = state.entries[tier], state.partials[tier], state.copies[tier]
+        gateway_block = self.config.block_size
+        parent_gw, pending = chain
+        applied = 0
+        limit = self._limits.max_blocks_per_pod
+        for i, engine_hash in enumerate(event.block_hashes):
+            if state.size >= limit and engine_hash not in entries and engine_hash not in partials:
+                self._reject(state, "pod_limit", count - i)
+                break
+            pending = pending + tuple(tokens[i * engine_block : (i + 1) * engine_block])
+            record: Block | Partial
+            if len(pending) == gateway_block:
+                record = store.get_or_create(self.hasher.chain(parent_gw, pending)[0], now)
+                record.last_access = now
+                parent_gw, pending = record.gw_hash, ()
+                same = entries.get(engine_hash) is record
+            else:
+                record = Partial(parent_gw, pending)
+                same = partials.get(engine_hash) == record
+            if same:
+                copies[engine_hash] = copies.get(engine_hash, 0) + 1
+                applied += 1
+                continue
+            old = entries.get(engine_hash)
+            if old is not None:
+                self._remapped += 1
+                self._drop_entry(state, tier, engine_hash, old)
+            elif partials.pop(engine_hash, None) is not None:
+                self._remapped += 1
+                copies.pop(engine_hash, None)
+                state.size -= 1
+            state.size += 1
+            if isinstance(record, Block):
+                entries[engine_hash] = record
+                self._link(state, record, tier)
+            else:
+                partials[engine_hash] = record
+            applied += 1
+        store.last_access = now
+        if len(store.blocks) > self._limits.max_prefixes_per_context:
+            self._trim(store)
+        return applied
+
     def apply_removed(
         self, pod: str, block_hashes: Iterable[EngineHash], medium: str | None = None
     ) -> int:
@@ -246,9 +310,10 @@ class SyncPrefixHashTable:
         entries = state.entries[tier]
         copies = state.copies[tier]
         known = 0
+        partials = state.partials[tier]
         for engine_hash in block_hashes:
             target = entries.get(engine_hash)
-            if target is None:
+            if target is None and engine_hash not in partials:
                 self._unknown_removals += 1
                 continue
             known += 1
@@ -259,8 +324,11 @@ class SyncPrefixHashTable:
                 else:
                     copies[engine_hash] = extra - 1
                 continue
-            del entries[engine_hash]
             state.size -= 1
+            if target is None:
+                del partials[engine_hash]
+                continue
+            del entries[engine_hash]
             for block in blocks_of(target):
                 self._unlink(state, block, tier)
         return known

@@ -12,6 +12,8 @@ seq order, and every doubt is settled by asking the engine's replay buffer:
   later than asked → the buffer no longer reaches back: reset, rebuild from what it has,
   and mark the pod *degraded* (its index may miss blocks) until an AllBlocksCleared or an
   engine restart gives a known-empty start again;
+- silence for `idle_probe_s`: the same replay check, so a lost *last* batch (or an engine
+  that restarted and has published nothing) is noticed without waiting for traffic;
 - replay unavailable (no endpoint, timeout): reset, take the next live batch as the new
   baseline, degraded — unless that batch is seq 0 (the engine just started: nothing missed).
 
@@ -113,6 +115,7 @@ class PodSubscriber:
             replays=counters.replays,
             restarts=counters.restarts,
             gaps=counters.gaps,
+            idle_probes=counters.idle_probes,
             live_dropped=counters.live_dropped,
             frames_rejected=counters.frames_rejected,
             last_message_at=self._last_message_at,
@@ -158,7 +161,11 @@ class PodSubscriber:
             self._phase = Phase.LIVE
             handled = 0
             while True:
-                seq, payload = await self._next_live(tasks[0])
+                item = await self._next_live(tasks[0])
+                if item is None:
+                    await self._probe_idle()
+                    continue
+                seq, payload = item
                 await self._on_live(seq, payload)
                 handled += 1
                 if handled % _YIELD_EVERY == 0:
@@ -206,19 +213,33 @@ class PodSubscriber:
                 continue
             queue.put_nowait((seq, payload))
 
-    async def _next_live(self, reader: asyncio.Task[None]) -> tuple[int, bytes]:
+    async def _next_live(self, reader: asyncio.Task[None]) -> tuple[int, bytes] | None:
+        """The next live batch; None after `idle_probe_s` without one."""
         if not self._queue.empty():
             return self._queue.get_nowait()
         getter = asyncio.ensure_future(self._queue.get())
         try:
-            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {getter, reader},
+                timeout=self._settings.idle_probe_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
         finally:
             if not getter.done():
                 getter.cancel()
         if getter.done() and not getter.cancelled():
             return getter.result()
-        reader.result()  # re-raises why the reader stopped
-        raise zmq.ZMQError(msg="live reader stopped")
+        if reader.done():
+            reader.result()  # re-raises why the reader stopped
+            raise zmq.ZMQError(msg="live reader stopped")
+        return None
+
+    async def _probe_idle(self) -> None:
+        """Silence: make sure it is not silence after a lost batch (or a restarted engine)."""
+        if self.endpoint.replay is None or self._rebaseline:
+            return
+        self._counters.idle_probes += 1
+        await self._catch_up("idle probe")
 
     async def _watch_connection(self, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
         try:

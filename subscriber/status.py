@@ -32,6 +32,9 @@ class SubscriberSettings:
     """Longest wait for each replay reply (and for the first)."""
     live_queue: int = 10_000
     """Live batches buffered while a replay runs; beyond it they are dropped (and replayed)."""
+    idle_probe_s: float = 2.0
+    """After this long without a live batch, ask the replay buffer whether anything was
+    missed: a lost *last* batch is otherwise never noticed (no later seq shows the gap)."""
     reconnect_initial_s: float = 0.1
     reconnect_max_s: float = 10.0
     decode_limits: DecodeLimits = DEFAULT_LIMITS
@@ -58,6 +61,7 @@ class PodSubscriberStatus:
     replays: int
     restarts: int
     gaps: int
+    idle_probes: int
     live_dropped: int
     frames_rejected: int
     last_message_at: float | None
@@ -69,5 +73,6 @@ class SubscriberCounters:
     replays: int = 0
     restarts: int = 0
     gaps: int = 0
+    idle_probes: int = 0
     live_dropped: int = 0
     frames_rejected: int = 0

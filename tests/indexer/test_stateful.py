@@ -26,6 +26,19 @@ tokens = st.integers(min_value=0, max_value=3)  # tiny alphabet: prefixes collid
 engine_hashes = st.integers(min_value=0, max_value=12)  # small: duplicates and reuse
 
 
+def boundaries(end: int, engine_block: int) -> range:
+    """Gateway-block ends that fall inside the engine block ending at token `end`."""
+    return range(end - end % BLOCK, max(end - engine_block, 0), -BLOCK)
+
+
+def stands_for_the_same(old: Entry, prefix: tuple[int, ...], engine_block: int) -> bool:
+    """A re-store is another copy when it stands for the same gateway blocks (an engine's
+    block size never changes, so this only matters to the random model)."""
+    return old.prefix == prefix and list(boundaries(len(prefix), old.engine_block)) == list(
+        boundaries(len(prefix), engine_block)
+    )
+
+
 @dataclass
 class Entry:
     prefix: tuple[int, ...]  # all tokens from the root to the end of this engine block
@@ -48,13 +61,14 @@ class PodModel:
         return None
 
     def held(self) -> dict[tuple[int, ...], Tier]:
-        """Gateway-block prefixes this pod holds, with their best tier."""
+        """Gateway-block prefixes this pod holds, with their best tier: those ending inside
+        an engine block it holds (an engine block smaller than a gateway block covers one
+        only if it ends on a gateway boundary)."""
         best: dict[tuple[int, ...], Tier] = {}
         for tier in (Tier.STORAGE, Tier.CPU, Tier.GPU):  # better tiers overwrite
             for entry in self.tiers[tier].values():
-                start = len(entry.prefix) - entry.engine_block
-                for end in range(start + BLOCK, len(entry.prefix) + 1, BLOCK):
-                    best[entry.prefix[:end]] = tier
+                for boundary in boundaries(len(entry.prefix), entry.engine_block):
+                    best[entry.prefix[:boundary]] = tier
         return best
 
 
@@ -75,7 +89,7 @@ class IndexMachine(RuleBasedStateMachine):
         pod=st.sampled_from(PODS),
         hashes=st.lists(engine_hashes, min_size=1, max_size=4),
         parent=st.one_of(st.none(), engine_hashes),
-        engine_block=st.sampled_from((BLOCK, 2 * BLOCK)),
+        engine_block=st.sampled_from((BLOCK, 2 * BLOCK, BLOCK // 2)),
         data=st.data(),
         medium=st.sampled_from(MEDIA),
     )
@@ -113,7 +127,10 @@ class IndexMachine(RuleBasedStateMachine):
             prefix: tuple[int, ...] = ()
         else:
             parent_entry = model.lookup(parent)
-            if parent_entry is None:
+            misaligned = parent_entry is not None and (
+                engine_block >= BLOCK and len(parent_entry.prefix) % BLOCK
+            )
+            if parent_entry is None or misaligned:  # unknown parent, or one mid-gateway-block
                 assert applied == 0
                 return
             prefix = parent_entry.prefix
@@ -122,12 +139,12 @@ class IndexMachine(RuleBasedStateMachine):
         for i, engine_hash in enumerate(hashes):
             prefix = prefix + tuple(block_tokens[i * engine_block : (i + 1) * engine_block])
             old = tier_entries.get(engine_hash)
-            if old is not None and old.prefix == prefix:
+            if old is not None and stands_for_the_same(old, prefix, engine_block):
                 old.copies += 1
             else:
                 tier_entries[engine_hash] = Entry(prefix, engine_block, parent)
                 # a stored block confirms, there and then, what the router expected
-                for end in range(len(prefix) - engine_block + BLOCK, len(prefix) + 1, BLOCK):
+                for end in boundaries(len(prefix), engine_block):
                     self.expected[pod].pop(prefix[:end], None)
             parent = engine_hash
         if len(self.prompts) < 40:

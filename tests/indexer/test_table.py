@@ -263,7 +263,7 @@ def test_engine_blocks_larger_than_gateway_blocks_are_rechunked(clock: FakeClock
     ("event", "reason"),
     [
         (Stored([1], None, TOKENS[:3]), "token_count_mismatch"),
-        (Stored([1], None, TOKENS[:2], block_size=2), "block_size_mismatch"),
+        (Stored([1], None, TOKENS[:3], block_size=3), "block_size_mismatch"),
         (Stored([1], None, TOKENS[:6], block_size=6), "block_size_mismatch"),
         (Stored([1], None, [-5, 1, 2, 3]), "bad_token_ids"),
     ],
@@ -397,3 +397,24 @@ def test_eviction_pass_runs_by_itself_on_the_interval(clock: FakeClock) -> None:
     clock.advance(31)
     table.match(CTX, table.prefix_hashes(TOKENS), ["a"])
     assert table.stats().eviction_runs == 1
+
+
+def test_engine_blocks_smaller_than_gateway_blocks_are_rechunked(clock: FakeClock) -> None:
+    # SGLang with page size 1 announces one block per token; the gateway's blocks are 4.
+    table = make_table(clock, block_size=4)
+    table.register_pod("a", "m")
+    table.apply_stored("a", Stored(list(range(1, 7)), None, TOKENS[:6], block_size=1))
+    assert matched(table, pods=["a"]) == {"a": 1}  # tokens 0..3 complete one gateway block
+    table.apply_stored("a", Stored([7, 8], 6, TOKENS[6:8], block_size=1))  # chains on a partial
+    assert matched(table, pods=["a"]) == {"a": 2}
+    assert table.dump("a") == set(range(1, 9))
+    assert table.stats().pairs == 2
+    table.apply_removed("a", [8])  # tail-first eviction: the second gateway block is gone
+    assert matched(table, pods=["a"]) == {"a": 1}
+    table.apply_removed("a", [7, 6, 5])
+    assert table.dump("a") == {1, 2, 3, 4}
+    assert matched(table, pods=["a"]) == {"a": 1}
+    assert table.apply_stored("a", Stored([9], 77, TOKENS[:1], block_size=1)) == 0  # unknown
+    # a full-size block cannot continue from the middle of a gateway block
+    assert table.apply_stored("a", Stored([10], 3, TOKENS[3:7])) == 0
+    assert table.stats().broken_chain_events == 2

@@ -14,7 +14,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from indexer import IndexConfig, SyncPrefixHashTable, Tier
+from indexer import IndexConfig, ModelContext, SyncPrefixHashTable, Tier
 from simulator import EngineServer
 from subscriber import (
     IndexSink,
@@ -27,7 +27,9 @@ from subscriber import (
 from tests.conftest import StartEngine
 from tests.helpers import eventually, free_port
 
-SETTINGS = SubscriberSettings(replay_timeout_s=1.0, reconnect_initial_s=0.05, reconnect_max_s=0.5)
+SETTINGS = SubscriberSettings(
+    replay_timeout_s=1.0, reconnect_initial_s=0.05, reconnect_max_s=0.5, idle_probe_s=0.5
+)
 
 
 class Fleet:
@@ -120,6 +122,25 @@ async def test_late_start_is_filled_by_replay_then_follows_live(
     assert fleet.table.stats().broken_chain_events == 0
 
 
+async def test_sglang_page_size_one_is_rechunked_into_gateway_blocks(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    # One block per token, signed int64 hashes: the index (16-token blocks) still equals
+    # the engine, and prompts match at gateway granularity.
+    server = await start_engine(flavor="sglang", block_size=1, gpu_blocks=4096)
+    await fleet.subscribe(server)
+    await traffic(server, "paged")
+    await fleet.wait_in_sync(server)
+    pod = server.engine.config.name
+    assert fleet.table.rejected_blocks(pod) == {}
+    prompt = "system 0 " * 20 + "paged question 0 " * 6
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        tokens = (await client.post("/tokenize", json={"prompt": prompt})).json()["tokens"]
+    hashes = fleet.table.prefix_hashes(tokens)
+    result = fleet.table.match(ModelContext(server.engine.config.model), hashes, [pod])
+    assert result.matched(pod) == len(hashes) > 0
+
+
 async def test_dropped_batches_are_replayed(start_engine: StartEngine, fleet: Fleet) -> None:
     server = await start_engine()
     await fleet.subscribe(server)
@@ -131,6 +152,21 @@ async def test_dropped_batches_are_replayed(start_engine: StartEngine, fleet: Fl
     status = fleet.status(server)
     assert status.gaps >= 1
     assert status.whole
+
+
+async def test_lost_last_batches_are_found_by_the_idle_probe(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    server = await start_engine()
+    await fleet.subscribe(server)
+    await traffic(server, "warm")
+    await fleet.wait_in_sync(server)
+    await arm(server, drop_batches=100)  # everything from now on is lost on the wire...
+    await traffic(server, "lost", requests=3)  # ...and no later batch reveals the gap
+    await fleet.wait_in_sync(server)
+    status = fleet.status(server)
+    assert status.idle_probes >= 1
+    assert status.gaps == 0 and status.whole
 
 
 @pytest.mark.parametrize("wipe", [False, True], ids=["cache-kept", "cache-wiped"])
