@@ -179,7 +179,7 @@ class SyncPrefixHashTable:
         partials = state.partials[tier]
         applied = 0
         for i, engine_hash in enumerate(engine_hashes):
-            if partials.pop(engine_hash, None) is not None:  # was a partial block: now full
+            if partials and partials.pop(engine_hash, None) is not None:  # partial → full
                 self._remapped += 1
                 copies.pop(engine_hash, None)
                 room += 1
