@@ -6,6 +6,8 @@ import asyncio
 import inspect
 import random
 import socket
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -77,3 +79,14 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def run_kvgate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`kvgate ARGS` as users run it: a real process, output captured, never hanging."""
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

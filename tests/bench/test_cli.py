@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-KVGATE = [sys.executable, "-m", "gateway.cli"]
-
-
-def kvgate(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*KVGATE, *args], capture_output=True, text=True, timeout=120, check=False
-    )
+from tests.helpers import run_kvgate as kvgate
 
 
 def test_help_describes_every_command() -> None:

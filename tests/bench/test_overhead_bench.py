@@ -7,11 +7,10 @@ benchmark started is gone. Timings are never asserted.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-KVGATE = [sys.executable, "-m", "gateway.cli"]
+from tests.helpers import run_kvgate
+
 FIGURES = (
     "added_p50_ms_c1",
     "added_p99_ms_c1",
@@ -44,9 +43,7 @@ def test_bench_overhead_writes_every_figure(tmp_path: Path) -> None:
         "--stream-requests", "30", "--duration", "1", "--rps-concurrency", "16",
         "--json", str(out), "--plot", str(plot),
     ]  # fmt: skip
-    result = subprocess.run(
-        [*KVGATE, *args], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_kvgate(*args)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
     for key in FIGURES:

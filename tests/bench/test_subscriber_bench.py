@@ -7,11 +7,10 @@ gaps were repaired by replay. Timings are never asserted.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-KVGATE = [sys.executable, "-m", "gateway.cli"]
+from tests.helpers import run_kvgate
+
 FIGURES = (
     "engines",
     "ingest_events_per_s",
@@ -32,9 +31,7 @@ def test_bench_subscriber_ingests_and_recovers(tmp_path: Path) -> None:
         "bench", "subscriber", "--quick", "--engines", "2", "--seconds", "1", "--batches", "300",
         "--gap-rounds", "2", "--gpu-blocks", "1024", "--json", str(out), "--plot", str(plot),
     ]  # fmt: skip
-    result = subprocess.run(
-        [*KVGATE, *args], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = run_kvgate(*args)
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(out.read_text())
     for key in FIGURES:
