@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -23,8 +22,6 @@ from starlette.responses import StreamingResponse
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodState
-
-logger = logging.getLogger(__name__)
 
 _REQUEST_HEADERS = ("content-type", "accept", "authorization", "user-agent", "x-request-id")
 _HOP_BY_HOP = frozenset(

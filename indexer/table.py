@@ -72,7 +72,6 @@ class SyncPrefixHashTable:
         self._expected_count = 0
         self._next_eviction = clock() + self._limits.eviction_interval_s
         self._pairs = 0
-        self._dead_refs = 0
         self._broken_events = 0
         self._rejected: Counter[str] = Counter()
         self._unknown_removals = 0
@@ -505,8 +504,6 @@ class SyncPrefixHashTable:
         while len(self._stores) > self._limits.max_contexts:
             oldest = min(self._stores.values(), key=_last_access)
             self._drop_store(oldest)
-        if self._dead_refs:
-            self._sweep_dead_refs()
         self._next_eviction = now + self._limits.eviction_interval_s
         self._eviction_runs += 1
 
@@ -536,8 +533,6 @@ class SyncPrefixHashTable:
             while len(self._stores) > self._limits.max_contexts:
                 oldest = min((s for s in self._stores.values() if s is not store), key=_last_access)
                 self._drop_store(oldest)
-            if self._dead_refs:
-                self._sweep_dead_refs()
         return store
 
     def _link(self, state: PodState, target: Target, tier: Tier) -> None:
@@ -646,11 +641,11 @@ class SyncPrefixHashTable:
         if not block.held:
             self._forget(block)
 
-    def _kill(self, block: Block) -> None:
-        """Evict a block for every pod (a cap was crossed)."""
-        real = block.real_mask()
-        self._pairs -= real.bit_count()
-        self._dead_refs += real.bit_count()
+    def _kill(self, block: Block) -> int:
+        """Evict a block for every pod (a cap was crossed); returns how many pods' entries
+        now point at it (to be swept)."""
+        holders = block.real_mask().bit_count()
+        self._pairs -= holders
         if block.masks is not None:
             expected = block.masks[_EXPECTED]
             while expected:
@@ -662,6 +657,7 @@ class SyncPrefixHashTable:
         block.masks = None
         self._forget(block)
         self._evicted_blocks += 1
+        return holders
 
     def _trim(self, store: PrefixStore) -> None:
         keep = int(self._limits.max_prefixes_per_context * _EVICT_TO)
@@ -672,15 +668,18 @@ class SyncPrefixHashTable:
         # chain from its tail (children are created after their parents): a tail left
         # without its root could never be matched.
         newest_first = reversed(store.blocks.values())
-        for block in heapq.nsmallest(excess, newest_first, key=_last_access):
-            self._kill(block)
-        self._sweep_dead_refs()
+        orphaned = sum(
+            self._kill(block) for block in heapq.nsmallest(excess, newest_first, key=_last_access)
+        )
+        if orphaned:
+            self._sweep_dead_refs()
 
     def _drop_store(self, store: PrefixStore) -> None:
-        for block in list(store.blocks.values()):
-            self._kill(block)
+        orphaned = sum(self._kill(block) for block in list(store.blocks.values()))
         del self._stores[store.context]
         self._evicted_contexts += 1
+        if orphaned:
+            self._sweep_dead_refs()
 
     def _sweep_dead_refs(self) -> None:
         """Drop pod entries that point at evicted blocks, so memory stays bounded."""
@@ -698,7 +697,6 @@ class SyncPrefixHashTable:
                 refs = state.extra_refs[tier]
                 for block in [b for b in refs if b.store is None]:
                     del refs[block]
-        self._dead_refs = 0
 
     def _expire(self, now: float) -> None:
         expiries = self._expiries
