@@ -18,15 +18,33 @@ _BENCHMARKS: dict[str, tuple[str | None, str]] = {
     ),
     "sim": ("simulator.bench", "one simulated engine's sustainable requests/s and events/s"),
     "subscriber": (
-        "bench.subscriber_bench",
+        "bench.subscriber_load.cli",
         "KV event ingest rate from N engines and recovery time after a gap",
     ),
     "overhead": (
-        "bench.overhead_bench",
+        "bench.overhead.cli",
         "latency the gateway adds (p50/p99, c=1/32, tokenized), first-chunk delay, max req/s",
     ),
-    "routing": (None, "routing quality (TTFT, hit rate, throughput) per policy and workload"),
-    "chaos": (None, "fault injection: index divergence and convergence time after each fault"),
+    "fuzz": (
+        "bench.frame_fuzz",
+        "KV event frames fuzzed through the live subscriber: crashes, index = truth, rejects",
+    ),
+    "routing": (
+        "bench.routing.cli",
+        "routing quality (TTFT, hit rate, throughput) per policy and workload",
+    ),
+    "chaos": (
+        "bench.chaos.runner",
+        "fault injection: index divergence and convergence time after each fault",
+    ),
+    "pin-depth": (
+        "bench.pin_depth",
+        "pinning: a VIP conversation's TTFT after a cache flood, baseline vs pinned, by depth",
+    ),
+    "soak": (
+        "bench.soak",
+        "long steady traffic at 0.8 of capacity: RSS, fds, asyncio tasks slope, lost requests",
+    ),
 }
 
 

@@ -82,7 +82,7 @@ def run_fuzz(cases: int, seed: int, payloads: Sequence[bytes]) -> FuzzReport:
     report = FuzzReport()
     start = time.perf_counter()
     for _ in range(cases):
-        name, mutate = rng.choice(_MUTATORS)
+        name, mutate = rng.choice(MUTATORS)
         report.by_mutator[name] += 1
         report.cases += 1
         data = mutate(rng, payloads)  # a fuzzer bug must not pass for a decoder crash
@@ -210,7 +210,7 @@ def _frames(rng: random.Random, payloads: Sequence[bytes]) -> list[bytes]:
     return [rng.choice((*pool, rng.choice(payloads))) for _ in range(rng.randint(0, 6))]
 
 
-_MUTATORS: tuple[tuple[str, Callable[[random.Random, Sequence[bytes]], Any]], ...] = (
+MUTATORS: tuple[tuple[str, Callable[[random.Random, Sequence[bytes]], Any]], ...] = (
     ("bit_flips", _bit_flips),
     ("byte_sets", _byte_sets),
     ("truncate", _truncate),

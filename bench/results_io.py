@@ -69,7 +69,10 @@ def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 def pyplot(path: Path) -> Any:
     """matplotlib's pyplot on the headless Agg backend, with `path`'s folder created."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("plots need matplotlib: pip install 'kvgate[bench]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

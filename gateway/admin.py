@@ -6,6 +6,7 @@ whole API answers 404.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any
 
@@ -15,10 +16,11 @@ from starlette.routing import Route
 
 from gateway.api import read_json, requested_policy, validate
 from gateway.errors import BadRequest, NotFound, Unauthorized
+from gateway.persistence import capture_pod
 from gateway.registry import PodState
 from gateway.router import Kind
 from gateway.state import GatewayState, state_of
-from indexer import EngineHash, Tier
+from indexer import EngineHash, Tier, encode_snapshot
 
 
 def _authorized(request: Request) -> GatewayState:
@@ -28,7 +30,9 @@ def _authorized(request: Request) -> GatewayState:
         raise NotFound("the admin API is disabled: set KVGATE_ADMIN_TOKEN to enable it")
     given = request.headers.get("authorization", "")
     scheme, _, credentials = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip(), token):
+    # Compared as bytes: compare_digest refuses non-ASCII str (a header can carry any byte).
+    given_token = credentials.strip().encode()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given_token, token.encode()):
         raise Unauthorized("admin API: missing or wrong bearer token")
     return gateway
 
@@ -107,7 +111,8 @@ async def index(request: Request) -> Response:
 async def match(request: Request) -> Response:
     """Exactly what a routing decision would see for this prompt, without sending it."""
     gateway = _authorized(request)
-    _, body = await read_json(request, gateway.settings.max_body_bytes)
+    settings = gateway.settings
+    _, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
     kind: Kind = "chat" if "messages" in body else "completion"
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))
@@ -137,8 +142,26 @@ async def match(request: Request) -> Response:
     )
 
 
+async def snapshot(request: Request) -> Response:
+    """The pod's index snapshot now (the snapshot file format), for a new replica."""
+    gateway = _authorized(request)
+    name = request.query_params.get("pod")
+    if not name:
+        raise BadRequest("query parameter `pod` is required", param="pod")
+    subscribers = gateway.subscribers
+    taken = None
+    if gateway.registry.get(name) is not None and subscribers is not None:
+        taken = capture_pod(gateway.table, subscribers, name)
+    if taken is None:
+        raise NotFound(f"no snapshot of pod {name!r} now (unknown, or being rebuilt)", param="pod")
+    data = await asyncio.to_thread(encode_snapshot, taken)
+    headers = {"x-kvgate-snapshot-seq": str(taken.seq)}
+    return Response(data, media_type="application/octet-stream", headers=headers)
+
+
 routes = [
     Route("/admin/pods", pods, methods=["GET"]),
     Route("/admin/index", index, methods=["GET"]),
+    Route("/admin/snapshot", snapshot, methods=["GET"]),
     Route("/admin/match", match, methods=["POST"]),
 ]

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.errors import BadRequest, PayloadTooLarge
-from gateway.proxy import ProxyRequest
+from gateway.errors import BadRequest, ClientClosed, PayloadTooLarge, RequestTimeout
+from gateway.pinning.session import PIN_HEADER, session_pin_hook
+from gateway.proxy import ClientWatch, ProxyRequest
 from gateway.registry import PodState
 from gateway.router import Kind, Routed
 from gateway.state import GatewayState, state_of
@@ -20,23 +22,34 @@ from subscriber import Phase
 POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
 
 
-async def read_json(request: Request, limit: int) -> tuple[bytes, dict[str, Any]]:
-    """The request body, raw and as a JSON object, refusing more than `limit` bytes (413)."""
+async def read_json(
+    request: Request, limit: int, timeout_s: float | None = None
+) -> tuple[bytes, dict[str, Any]]:
+    """The request body, raw and as a JSON object, refusing more than `limit` bytes (413)
+    and a body not received within `timeout_s` (408: a slow-loris client holds no slot)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {timeout_s} s") from None
+    except ClientDisconnect:
+        raise ClientClosed("the client closed the connection before sending its body") from None
     raw = b"".join(chunks)
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # json's C decoder recurses per nesting level
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return raw, body
@@ -75,15 +88,18 @@ def requested_policy(request: Request) -> str | None:
 
 async def _generate(request: Request, kind: Kind, path: str) -> Response:
     gateway = state_of(request)
-    raw, body = await read_json(request, gateway.settings.max_body_bytes)
+    settings = gateway.settings
+    raw, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))
     session = request.headers.get(gateway.settings.session_header)
     routed = await gateway.router.route(kind, body, profile, session=session)
+    pin_turn = session_pin_hook(gateway, request.headers.get(PIN_HEADER), kind, body, routed,
+                                session)  # fmt: skip
     proxy_request = ProxyRequest(  # the client's own bytes go upstream, unchanged
         path=path,
         body=raw,
-        headers=request.headers,
+        headers=request.headers.raw,
         model=body["model"],
         policy=profile.name,
         extra_response_headers=lambda state: _decision_headers(routed, state),
@@ -95,11 +111,17 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         if state is not first:  # a retry: the blocks will be on this pod instead
             router.expect(routed, state)
 
-    return await gateway.upstream.forward(
+    def on_served(state: PodState) -> None:
+        router.record_served(routed, state)
+        if pin_turn is not None:  # x-kvgate-pin: pin the conversation on this pod
+            pin_turn(state)
+
+    return await gateway.upstream.forward(  # type: ignore[return-value]  # an ASGI response
         proxy_request,
         routed.decision.ranking,
+        ClientWatch(request.receive),
         on_attempt=on_attempt,
-        on_served=lambda state: router.record_served(routed, state),
+        on_served=on_served,
     )
 
 
@@ -137,7 +159,7 @@ def readiness(gateway: GatewayState) -> tuple[bool, str]:
         return False, "discovery has not reported the pods yet"
     if not gateway.registry.routable():
         return False, "no routable pod"
-    for state in gateway.registry.all():
+    for state in gateway.registry.routable():  # a starting engine must not hold us back
         status = gateway.registry.subscriber_status(state.name)
         if status is not None and status.phase is Phase.STARTING:
             return False, f"subscriber of {state.name} is starting"

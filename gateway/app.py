@@ -1,8 +1,9 @@
 """The app factory and its lifespan, which owns every client and background task.
 
-Start-up: HTTP clients, subscriber manager, discovery (its first load must succeed), the
-metrics scraper and the index eviction timer. Shutdown (after uvicorn has stopped
-accepting and drained connections): stop discovery, scraper and eviction, stop every
+Start-up: HTTP clients, index snapshots (files, a peer), subscriber manager, discovery
+(its first load must succeed), the metrics scraper, the index eviction timer and the
+snapshot writer. Shutdown (after uvicorn has stopped accepting and drained connections):
+stop discovery, scraper, eviction and writer, write a final snapshot, stop every
 subscriber, close the clients.
 """
 
@@ -27,10 +28,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway import admin, api
-from gateway.discovery import Discovery, StaticFileDiscovery
+from gateway.discovery import Discovery, KubernetesDiscovery, StaticFileDiscovery
 from gateway.errors import GatewayError
+from gateway.http1 import Http1Pool
+from gateway.limits import ConcurrencyLimit
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Upstream, UpstreamCut
+from gateway.persistence import SnapshotRestorer, restore_snapshots, snapshot_writer
+from gateway.pinning import api as pinning_api
+from gateway.pinning.client import PinClient
+from gateway.pinning.manager import PinConfig, PinManager
+from gateway.proxy import ClientGone, Upstream, UpstreamCut
 from gateway.registry import PodRegistry
 from gateway.router import Router
 from gateway.routing import build_policies
@@ -56,13 +63,21 @@ def create_app(
 ) -> Starlette:
     """The gateway as an ASGI app; every collaborator can be injected (tests, embedding)."""
     if discovery is None:
-        if settings.pods_file is None:
+        if settings.discovery == "kubernetes":
+            discovery = KubernetesDiscovery.from_environment(
+                settings.k8s_namespaces, settings.k8s_label_selector
+            )
+        elif settings.pods_file is None:
             raise ConfigError("KVGATE_PODS_FILE", None, "a pods file (--pods) or a discovery")
-        discovery = StaticFileDiscovery(Path(settings.pods_file))
+        else:
+            discovery = StaticFileDiscovery(Path(settings.pods_file))
     metrics = GatewayMetrics(registry or CollectorRegistry())
+    discovery_errors = metrics.discovery_errors
     if isinstance(discovery, StaticFileDiscovery):
-        discovery_errors = metrics.discovery_errors
         discovery.on_reload_error = lambda _error: discovery_errors.inc()
+    elif isinstance(discovery, KubernetesDiscovery):
+        discovery.on_error = lambda _error: discovery_errors.inc()
+        discovery.on_relist = metrics.discovery_relists.inc
     table = SyncPrefixHashTable(settings.index)
     rng = rng or random.Random()
 
@@ -74,9 +89,14 @@ def create_app(
             stack.enter_context(_reload_on_sighup(discovery))
             yield
 
-    app = Starlette(routes=[*api.routes, *admin.routes], lifespan=lifespan)
+    app = Starlette(routes=[*api.routes, *admin.routes, *pinning_api.routes], lifespan=lifespan)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
+    app.add_middleware(
+        ConcurrencyLimit,
+        limit=settings.max_concurrent_requests,
+        on_reject=metrics.rejected.labels("TooManyRequests").inc,
+    )
     return _CutConnections(app)  # type: ignore[return-value]
 
 
@@ -90,30 +110,35 @@ async def _start(
     table: SyncPrefixHashTable,
     rng: random.Random,
 ) -> GatewayState:
-    limits = httpx.Limits(
-        max_connections=None,
-        max_keepalive_connections=settings.max_connections_per_pod,
-        keepalive_expiry=30.0,
+    pool = Http1Pool(
+        connect_timeout_s=settings.upstream_connect_timeout_s,
+        read_timeout_s=settings.upstream_timeout_s,
+        max_idle_per_origin=settings.max_connections_per_pod,
     )
-    timeout = httpx.Timeout(
-        connect=settings.upstream_connect_timeout_s,
-        read=settings.upstream_timeout_s,
-        write=settings.upstream_timeout_s,
-        pool=settings.upstream_connect_timeout_s,
+    stack.push_async_callback(pool.aclose)
+    tokenizer_pool = Http1Pool(
+        connect_timeout_s=min(settings.upstream_connect_timeout_s, settings.tokenizer_timeout_s),
+        read_timeout_s=settings.tokenizer_timeout_s,
     )
-    proxy_client = await stack.enter_async_context(
-        httpx.AsyncClient(transport=transport, limits=limits, timeout=timeout)
-    )
+    stack.push_async_callback(tokenizer_pool.aclose)
     control_client = await stack.enter_async_context(
         httpx.AsyncClient(transport=transport, timeout=5.0)
     )
     subscribers: SubscriberManager | None = None
+    restorer: SnapshotRestorer | None = None
     if settings.kv_event_sync:
-        subscribers = await stack.enter_async_context(SubscriberManager(IndexSink(table)))
+        # Before discovery starts any subscriber: each starts from its pod's snapshot.
+        restorer = await restore_snapshots(settings, table, metrics.registry, control_client)
+        subscribers = await stack.enter_async_context(
+            SubscriberManager(IndexSink(table), resume=restorer.resume)
+        )
     registry = PodRegistry(table=table, subscribers=subscribers)
+    writer = snapshot_writer(settings, table, subscribers, registry, restorer)
+    if writer is not None:
+        stack.push_async_callback(writer.close)  # the final snapshot, after background tasks
     tokenizer = (
         RemoteTokenizer(
-            control_client,
+            tokenizer_pool,
             timeout_s=settings.tokenizer_timeout_s,
             max_retries=settings.tokenizer_max_retries,
             cache_size=settings.tokenizer_cache_size,
@@ -129,6 +154,7 @@ async def _start(
         policies=build_policies(settings, rng),
         default_policy=settings.default_policy,
         metrics=metrics,
+        max_prompt_tokens=settings.max_prompt_tokens,
     )
     metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None)
     gateway = GatewayState(
@@ -137,11 +163,24 @@ async def _start(
         metrics=metrics,
         registry=registry,
         router=router,
-        upstream=Upstream(proxy_client, metrics),
+        upstream=Upstream(pool, metrics),
         subscribers=subscribers,
         started_at=int(time.time()),
         discovery=discovery,
     )
+    gateway.pins = pins = PinManager(
+        table=table,
+        registry=registry,
+        client=PinClient(control_client),
+        metrics=metrics,
+        config=PinConfig(
+            budget_fraction=settings.pin_budget_fraction,
+            default_ttl_s=settings.pin_default_ttl_s,
+            interval_s=settings.pin_interval_s,
+        ),
+    )
+    router.affinity = pins.affinity
+    stack.push_async_callback(pins.close)  # unpin all: after the tasks stop, before the client
     scraper = MetricsScraper(
         registry,
         control_client,
@@ -154,6 +193,9 @@ async def _start(
     await _wait_for_discovery(gateway.discovery_ready, discovery_task)
     background.start("metrics-scraper", scraper.run())
     background.start("index-eviction", _evict_periodically(table, settings))
+    background.start("pin-reconcile", pins.run())
+    if writer is not None:
+        background.start("snapshot-writer", writer.run())
     logger.info("kvgate gateway ready: %d pods", len(registry.all()))
     return gateway
 
@@ -253,5 +295,5 @@ class _CutConnections:
         self.state = app.state  # the gateway state, for embedding code and tests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        with contextlib.suppress(UpstreamCut):
+        with contextlib.suppress(UpstreamCut, ClientGone):
             await self.app(scope, receive, send)

@@ -2,7 +2,10 @@
 
 GatewayError
 ├── BadRequest (400)            malformed JSON, missing fields, unknown policy
+│   └── ClientClosed (400)      the client left before sending its body
 ├── PayloadTooLarge (413)
+├── RequestTimeout (408)        the client did not send its body in time
+├── TooManyRequests (429)       over KVGATE_MAX_CONCURRENT_REQUESTS; carries Retry-After
 ├── Unauthorized (401)          admin API without the right token
 ├── NotFound (404)              admin resources
 │   └── ModelNotFound (404)
@@ -53,6 +56,30 @@ class BadRequest(GatewayError):
 class PayloadTooLarge(GatewayError):
     status = 413
     error_type = "invalid_request_error"
+
+
+class ClientClosed(BadRequest):
+    """The client left before sending its whole body: nobody reads the answer, but the
+    request is counted (`kvgate_requests_rejected_total{reason="ClientClosed"}`) instead of
+    logging a traceback per disconnect."""
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    error_type = "invalid_request_error"
+
+
+class TooManyRequests(GatewayError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(self.retry_after_s)}
 
 
 class Unauthorized(GatewayError):

@@ -6,6 +6,7 @@ is read when Prometheus scrapes, by a collector, so it costs nothing between scr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -99,6 +100,40 @@ class GatewayMetrics:
             "Discovery updates rejected (the last good pod list was kept)",
             registry=registry,
         )
+        self.discovery_relists = Counter(
+            "kvgate_discovery_relists",
+            "Kubernetes pod lists after the first (watch expired with 410 Gone)",
+            registry=registry,
+        )
+        self.pins_active = Gauge(
+            "kvgate_pins_active", "Live pin leases, by pod", ["pod"], registry=registry
+        )
+        self.pinned_blocks = Gauge(
+            "kvgate_pinned_blocks",
+            "Engine blocks the gateway holds pinned, by pod",
+            ["pod"],
+            registry=registry,
+        )
+        self.pin_calls = Counter(
+            "kvgate_pin_calls",
+            "Engine pin/unpin calls, by op (pin, unpin) and outcome (ok, error)",
+            ["op", "outcome"],
+            registry=registry,
+        )
+        self.pin_lease_expiries = Counter(
+            "kvgate_pin_lease_expiries", "Pin leases unpinned because their TTL ran out",
+            registry=registry,
+        )  # fmt: skip
+        self.repins = Counter(
+            "kvgate_repins", "Leases pinned again after the engine lost their pins",
+            registry=registry,
+        )  # fmt: skip
+        self.pin_refusals = Counter(
+            "kvgate_pin_refusals",
+            "Pins refused, by reason (budget, no_pin_support, unknown_capacity, no_kv_events)",
+            ["reason"],
+            registry=registry,
+        )
 
     def watch_fleet(
         self,
@@ -119,6 +154,7 @@ class _FleetCollector(Collector):
         yield from self._pods()
         yield from self._subscribers()
         yield from self._index()
+        yield from self._event_loop()
 
     def _pods(self) -> Iterator[Metric]:
         healthy = GaugeMetricFamily(
@@ -188,6 +224,17 @@ class _FleetCollector(Collector):
             for (pod, reason), count in counter.snapshot().items():
                 rejected.add_metric([pod, reason], float(count))
         yield rejected
+
+    def _event_loop(self) -> Iterator[Metric]:
+        # A task leak (one per request or per reconnect) shows here long before in RSS.
+        tasks = GaugeMetricFamily(
+            "kvgate_process_asyncio_tasks", "asyncio tasks alive in the gateway's event loop"
+        )
+        try:
+            tasks.add_metric([], float(len(asyncio.all_tasks())))
+        except RuntimeError:  # collected outside the event loop's thread: no figure
+            return
+        yield tasks
 
     def _index(self) -> Iterator[Metric]:
         stats = self.table.stats()

@@ -1,58 +1,104 @@
-"""Forwarding a request to the chosen pod and streaming its answer back, byte for byte.
+"""Forwarding a request to the chosen pod and relaying its answer back, byte for byte.
 
-- One shared httpx.AsyncClient (keep-alive pools); bytes are passed on as they arrive.
-- Connect failure or a 5xx status before any byte went to the client: retry once on the
-  next-best pod. A timeout is not retried (the engine may be working on it): 504.
+- One shared keep-alive HTTP/1.1 pool (`gateway.http1`); body bytes are passed on as they
+  arrive, through raw ASGI messages (no response object, no task group per response).
+- Connect failure, an answer that breaks before its headers, or a 5xx status before any
+  byte went to the client: retry once on the next-best pod. A timeout is not retried (the
+  engine may be working on it): 504.
 - After the first byte, an upstream failure cuts the client's connection, as the engine's
   own failure would have.
-- A client that disconnects cancels the upstream request (starlette cancels the body
-  stream; closing the upstream response closes its connection, and the engine aborts).
+- A client that disconnects, while the engine thinks or while it streams, aborts the
+  upstream exchange: its connection is closed, so the engine stops the request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import anyio
-import httpx
-from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.http1 import Aborted, Exchange, Headers, Http1Error, Http1Pool, ResponseTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodState
 
-_REQUEST_HEADERS = ("content-type", "accept", "authorization", "user-agent", "x-request-id")
-_HOP_BY_HOP = frozenset(
-    ("connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "date", "server")
+_REQUEST_HEADERS = frozenset(
+    (b"content-type", b"accept", b"authorization", b"user-agent", b"x-request-id")
 )
+_HOP_BY_HOP = frozenset(
+    (b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade", b"date",
+     b"server")
+)  # fmt: skip
 
 
 class UpstreamCut(Exception):
     """The engine failed after the client got bytes: the client's connection is cut."""
 
 
+class ClientGone(Exception):
+    """The client disconnected; there is nobody to answer."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProxyRequest:
     path: str
     body: bytes
-    headers: Mapping[str, str]
+    headers: Sequence[tuple[bytes, bytes]]
+    """The client's raw headers; a few (content type, auth, request id...) go upstream."""
     model: str
     policy: str
     extra_response_headers: Callable[[PodState], Mapping[str, str]]
     """Headers naming the decision, for the pod that finally answers."""
 
+    def head(self) -> bytes:
+        lines = [b"POST ", self.path.encode("ascii"), b" HTTP/1.1\r\ncontent-length: ",
+                 str(len(self.body)).encode("ascii"), b"\r\n"]  # fmt: skip
+        for name, value in self.headers:
+            if name in _REQUEST_HEADERS:
+                lines += (name, b": ", value, b"\r\n")
+        return b"".join(lines)
+
+
+class ClientWatch:
+    """Notices the client going away while its request is forwarded, and aborts the
+    upstream exchange in progress. The request body must have been read already."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self._exchange: Exchange | None = None
+        self._task: asyncio.Task[None] | None = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._exchange is not None:
+            self._exchange.abort("the client disconnected")
+
+    def attach(self, exchange: Exchange) -> None:
+        self._exchange = exchange
+        if self.gone:
+            exchange.abort("the client disconnected")
+
+    def stop(self) -> None:
+        """Before the last byte goes out: after it, `receive` reports a disconnect anyway."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
 
 class Upstream:
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        pool: Http1Pool,
         metrics: GatewayMetrics,
         *,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self._client = client
+        self._pool = pool
         self._metrics = metrics
         self._clock = clock
 
@@ -60,94 +106,139 @@ class Upstream:
         self,
         request: ProxyRequest,
         ranking: list[PodState],
+        watch: ClientWatch,
         *,
         on_attempt: Callable[[PodState], None] | None = None,
         on_served: Callable[[PodState], None] | None = None,
-    ) -> StreamingResponse:
+    ) -> Relay:
         """Send to ranking[0], or ranking[1] if ranking[0] fails before answering.
 
         `on_attempt` hears of each pod tried, before the request is sent; `on_served` of the
         pod whose answer goes back to the client."""
-        headers = {k: v for k, v in request.headers.items() if k in _REQUEST_HEADERS}
+        head = request.head()
         attempts = ranking[:2]
-        for attempt, state in enumerate(attempts):
-            last = attempt == len(attempts) - 1
-            started = self._clock()
-            if on_attempt is not None:
-                on_attempt(state)
-            self._acquire(state)
-            upstream_request = self._client.build_request(
-                "POST", f"{state.pod.url}{request.path}", content=request.body, headers=headers
-            )
-            try:
-                response = await self._client.send(upstream_request, stream=True)
-            except httpx.TimeoutException:
-                self._release(state, request, "504")
-                self._metrics.upstream_errors.labels(state.name, "timeout").inc()
-                raise UpstreamTimeout(f"pod {state.name} did not answer in time") from None
-            except httpx.HTTPError as exc:
-                self._release(state, request, "502")
-                self._metrics.upstream_errors.labels(state.name, "connect").inc()
-                if last:
-                    raise UpstreamError(f"pod {state.name} could not be reached: {exc!r}") from None
-                self._metrics.retries.labels(state.name).inc()
-                continue
-            if response.status_code >= 500 and not last:
-                await response.aclose()
-                self._release(state, request, str(response.status_code))
-                self._metrics.upstream_errors.labels(state.name, "status_5xx").inc()
-                self._metrics.retries.labels(state.name).inc()
-                continue
-            if on_served is not None:
-                on_served(state)
-            return StreamingResponse(
-                self._relay(response, state, request, started),
-                status_code=response.status_code,
-                headers=_response_headers(response, state, request),
-            )
-        raise UpstreamError("no pod could take the request")  # pragma: no cover - ranking empty
-
-    async def _relay(
-        self,
-        response: httpx.Response,
-        state: PodState,
-        request: ProxyRequest,
-        started: float,
-    ) -> AsyncIterator[bytes]:
-        first = True
-        outcome = str(response.status_code)
+        metrics = self._metrics
         try:
-            async for chunk in response.aiter_raw():
-                if first:
-                    self._metrics.ttft.labels(state.name).observe(self._clock() - started)
-                    first = False
-                yield chunk
-        except httpx.HTTPError as exc:
-            outcome = "cut"
-            self._metrics.upstream_errors.labels(state.name, "midstream").inc()
-            raise UpstreamCut(f"pod {state.name} failed mid-response: {exc!r}") from exc
+            for attempt, state in enumerate(attempts):
+                last = attempt == len(attempts) - 1
+                started = self._clock()
+                if on_attempt is not None:
+                    on_attempt(state)
+                self._acquire(state)
+                try:
+                    exchange = await self._pool.send(
+                        state.pod.url, head, request.body, on_exchange=watch.attach
+                    )
+                except Aborted:
+                    self.release(state, request, "client_disconnect")
+                    raise ClientGone from None
+                except ResponseTimeout:
+                    self.release(state, request, "504")
+                    metrics.upstream_errors.labels(state.name, "timeout").inc()
+                    raise UpstreamTimeout(f"pod {state.name} did not answer in time") from None
+                except Http1Error as exc:
+                    self.release(state, request, "502")
+                    metrics.upstream_errors.labels(state.name, "connect").inc()
+                    if last:
+                        message = f"pod {state.name} could not be reached: {exc}"
+                        raise UpstreamError(message) from None
+                    metrics.retries.labels(state.name).inc()
+                    continue
+                except BaseException:
+                    self.release(state, request, "client_disconnect")
+                    raise
+                if exchange.status >= 500 and not last:
+                    exchange.abort("retrying elsewhere")
+                    self.release(state, request, str(exchange.status))
+                    metrics.upstream_errors.labels(state.name, "status_5xx").inc()
+                    metrics.retries.labels(state.name).inc()
+                    continue
+                if on_served is not None:
+                    on_served(state)
+                return Relay(self, exchange, state, request, started, watch)
         except BaseException:
-            outcome = "client_disconnect"
+            watch.stop()
             raise
-        finally:
-            self._release(state, request, outcome)
-            with anyio.CancelScope(shield=True):  # cleanup even when the client went away
-                await response.aclose()
+        raise UpstreamError("no pod could take the request")  # pragma: no cover - ranking empty
 
     def _acquire(self, state: PodState) -> None:
         state.inflight += 1
         self._metrics.inflight.labels(state.name).inc()
 
-    def _release(self, state: PodState, request: ProxyRequest, status: str) -> None:
+    def first_byte(self, state: PodState, started: float) -> None:
+        self._metrics.ttft.labels(state.name).observe(self._clock() - started)
+
+    def cut(self, state: PodState) -> None:
+        self._metrics.upstream_errors.labels(state.name, "midstream").inc()
+
+    def release(self, state: PodState, request: ProxyRequest, status: str) -> None:
         state.inflight -= 1
         self._metrics.inflight.labels(state.name).dec()
         self._metrics.requests.labels(request.model, state.name, request.policy, status).inc()
 
 
-def _response_headers(
-    response: httpx.Response, state: PodState, request: ProxyRequest
-) -> dict[str, str]:
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
-    headers.update(request.extra_response_headers(state))
-    headers["x-kvgate-pod"] = state.name
+class Relay:
+    """The ASGI response: the engine's status and headers (plus the decision's), then its
+    body as it comes."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        exchange: Exchange,
+        state: PodState,
+        request: ProxyRequest,
+        started: float,
+        watch: ClientWatch,
+    ) -> None:
+        self._upstream = upstream
+        self._exchange = exchange
+        self._state = state
+        self._request = request
+        self._started = started
+        self._watch = watch
+        self.status_code = exchange.status
+        self.headers = _response_headers(exchange.headers, state, request)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        exchange, state = self._exchange, self._state
+        upstream = self._upstream
+        outcome = str(exchange.status)
+        try:
+            await send(
+                {"type": "http.response.start", "status": exchange.status, "headers": self.headers}
+            )
+            if exchange.complete:  # a small answer arrives whole with its headers
+                upstream.first_byte(state, self._started)
+                self._watch.stop()
+                await send({"type": "http.response.body", "body": exchange.take_body()})
+                return
+            first = True
+            async for chunk in exchange.chunks():
+                if first:
+                    upstream.first_byte(state, self._started)
+                    first = False
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self._watch.stop()
+            await send({"type": "http.response.body", "body": b""})
+        except Aborted:
+            outcome = "client_disconnect"
+            raise ClientGone from None
+        except Http1Error as exc:
+            outcome = "cut"
+            upstream.cut(state)
+            raise UpstreamCut(f"pod {state.name} failed mid-response: {exc}") from exc
+        except BaseException:
+            outcome = "client_disconnect"
+            raise
+        finally:
+            self._watch.stop()
+            exchange.release()
+            upstream.release(state, self._request, outcome)
+
+
+def _response_headers(upstream: Headers, state: PodState, request: ProxyRequest) -> Headers:
+    headers = [(name, value) for name, value in upstream if name not in _HOP_BY_HOP]
+    extra = dict(request.extra_response_headers(state))
+    extra["x-kvgate-pod"] = state.name
+    headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()]
     return headers

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 from gateway.discovery import Pod
@@ -32,21 +31,14 @@ class PodState:
     def name(self) -> str:
         return self.pod.name
 
-    @property
-    def load(self) -> float:
-        """Requests it is busy with: ours in flight, or the engine's count if higher (other
-        gateway replicas send to it too), plus its queue. Unknowable (NaN) counts as
-        infinitely busy, never as idle."""
-        load = max(float(self.inflight), self.running) + self.waiting
-        return load if math.isfinite(load) else math.inf
-
 
 class PodRegistry:
     """Listens to discovery; keeps the index and the KV event subscribers in step with it.
 
-    A pod that is Ready and publishes events gets a subscriber (which registers it in the
-    index); any other pod is registered in approximate mode (router-side entries only).
-    A pod that stops being Ready, or goes, loses its subscriber and its index entries.
+    A pod that publishes events gets a subscriber (which registers it in the index); any
+    other pod is registered in approximate mode (router-side entries only). A pod that is
+    not Ready is kept, subscribed, but not routed; a pod that goes loses its subscriber and
+    its index entries.
     """
 
     def __init__(
@@ -69,11 +61,8 @@ class PodRegistry:
         else:
             state.pod = pod
         subscribed = self._subscribers is not None and pod.name in self._subscribers.pods()
-        if not pod.ready:
-            if subscribed:
-                await self._unsubscribe(pod.name)
-            self._table.remove_pod(pod.name)
-            return
+        # A pod that is not Ready keeps its subscriber and index: it is only not routed. Its
+        # cache survives a readiness blip (an engine under load), and so must our view of it.
         if self._subscribers is not None and pod.events is not None:
             await self._subscribers.upsert(_endpoint(pod))
         else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -15,6 +15,8 @@ from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
 Kind = Literal["chat", "completion"]
+Affinity = Callable[[str, ModelContext, str | None, Sequence[int]], str | None]
+"""(model, context, session, prefix hashes) -> the pod the request should stay on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,7 @@ class Router:
         default_policy: str,
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.perf_counter,
+        max_prompt_tokens: int | None = None,
     ) -> None:
         self._registry = registry
         self._table = table
@@ -47,6 +50,9 @@ class Router:
         self.default_policy = default_policy
         self._metrics = metrics
         self._clock = clock
+        self._max_prompt_tokens = max_prompt_tokens
+        self.affinity: Affinity | None = None
+        """Set by the pin manager: the pod a pinned session or prefix must stay on."""
 
     def policy(self, name: str | None) -> RoutingProfile:
         if name is None:
@@ -80,7 +86,13 @@ class Router:
         if (profile.uses_prefix or dry_run) and self._tokenizer is not None:
             tokens = await self._tokenize(kind, body, serving)
             if tokens is not None:
-                hashes = self._table.prefix_hashes(tokens)
+                self._check_prompt_length(kind, len(tokens))
+                try:
+                    hashes = self._table.prefix_hashes(tokens)
+                except ValueError:  # the client's own token ids, out of [0, 2**32)
+                    raise BadRequest(
+                        "prompt token ids must be integers in [0, 2**32)", param="prompt"
+                    ) from None
         match_started = self._clock()
         match = (
             self._table.match(context, hashes, [state.name for state in serving])
@@ -90,6 +102,8 @@ class Router:
         decided = self._clock()
         request = RoutingRequest(model, context, len(hashes), match, session)
         decision = profile.decide(request, serving)
+        if self.affinity is not None and decision.ranking:
+            _prefer(decision.ranking, self.affinity(model, context, session, hashes))
         finished = self._clock()
         observe = self._metrics.decision_seconds.labels
         observe("match").observe(decided - match_started)
@@ -103,6 +117,26 @@ class Router:
             # as expected on the chosen pod, long before its BlockStored arrives.
             self.expect(routed, decision.ranking[0])
         return routed
+
+    async def prompt(
+        self, kind: Kind, body: Mapping[str, Any]
+    ) -> tuple[ModelContext, list[int]] | None:
+        """The prompt's context and token ids as the engines tokenize it (cached), or None
+        when the model is unknown or the prompt cannot be tokenized."""
+        serving = self._registry.serving(body["model"])
+        if not serving or self._tokenizer is None:
+            return None
+        tokens = await self._tokenize(kind, body, serving)
+        return None if tokens is None else (_context(body["model"], serving), tokens)
+
+    def _check_prompt_length(self, kind: Kind, tokens: int) -> None:
+        limit = self._max_prompt_tokens
+        if limit is not None and tokens > limit:
+            raise BadRequest(
+                f"the prompt has {tokens} tokens, more than this gateway's limit of {limit} "
+                "(KVGATE_MAX_PROMPT_TOKENS)",
+                param="messages" if kind == "chat" else "prompt",
+            )
 
     def expect(self, routed: Routed, state: PodState) -> None:
         """The request goes to `state`: expect its blocks there until the engine confirms."""
@@ -139,6 +173,16 @@ class Router:
             return None
         finally:
             self._metrics.decision_seconds.labels("tokenize").observe(self._clock() - started)
+
+
+def _prefer(ranking: list[PodState], name: str | None) -> None:
+    """Move the pod named `name` to the front if it is a candidate (it passed the filters)."""
+    if name is None or ranking[0].name == name:
+        return
+    for index, state in enumerate(ranking):
+        if state.name == name:
+            ranking.insert(0, ranking.pop(index))
+            return
 
 
 def _context(model: str, serving: list[PodState]) -> ModelContext:

@@ -12,8 +12,9 @@ from pathlib import Path
 import uvicorn
 
 from gateway.discovery import load_pods_file
+from gateway.http_protocol import bounded_protocol
 from gateway.runtime import tune_gc
-from gateway.settings import POLICIES, Settings
+from gateway.settings import DISCOVERIES, POLICIES, Settings
 from indexer import ConfigError
 
 
@@ -21,6 +22,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pods", type=Path, metavar="FILE", help="static discovery file, JSON or TOML "
         "(env KVGATE_PODS_FILE); reloaded when it changes or on SIGHUP",
+    )  # fmt: skip
+    parser.add_argument(
+        "--discovery", choices=DISCOVERIES, help="where pods come from: the --pods file "
+        "(static, the default) or the Kubernetes API (env KVGATE_DISCOVERY; see "
+        "KVGATE_K8S_NAMESPACES, KVGATE_K8S_LABEL_SELECTOR)",
     )  # fmt: skip
     parser.add_argument("--host", help="address to listen on (env KVGATE_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (env KVGATE_PORT, 8080)")
@@ -37,15 +43,17 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape otherwise
     overrides = {
         "pods_file": args.pods,
+        "discovery": args.discovery,
         "host": args.host,
         "port": args.port,
         "default_policy": args.policy,
     }
     try:
         settings = Settings.load(os.environ, overrides)
-        if settings.pods_file is None:
-            raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
-        load_pods_file(settings.pods_file)  # a bad file stops start-up with its own message
+        if settings.discovery == "static":
+            if settings.pods_file is None:
+                raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
+            load_pods_file(settings.pods_file)  # a bad file stops start-up with its message
         from gateway.app import create_app
 
         app = create_app(settings)
@@ -61,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         access_log=False,
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
         timeout_keep_alive=30,
+        http=bounded_protocol(
+            max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s
+        ),
     )
     server = uvicorn.Server(config)
     server.run()

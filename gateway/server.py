@@ -10,6 +10,8 @@ from collections.abc import Generator
 import uvicorn
 from starlette.types import ASGIApp
 
+from gateway.http_protocol import BoundedHttpToolsProtocol, bounded_protocol
+
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
@@ -28,6 +30,8 @@ class GatewayServer:
         port: int = 0,
         log_level: str = "warning",
         drain_timeout_s: int = 5,
+        max_header_bytes: int = BoundedHttpToolsProtocol.max_header_bytes,
+        header_timeout_s: float = BoundedHttpToolsProtocol.header_timeout_s,
     ) -> None:
         config = uvicorn.Config(
             app,
@@ -37,6 +41,9 @@ class GatewayServer:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=drain_timeout_s,
+            http=bounded_protocol(
+                max_header_bytes=max_header_bytes, header_timeout_s=header_timeout_s
+            ),
         )
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None

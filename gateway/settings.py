@@ -18,6 +18,7 @@ logger = logging.getLogger(__name__)
 
 POLICIES = ("prefix-cache", "least-request", "round-robin", "random", "session")
 ENGINES = ("vllm", "sglang")
+DISCOVERIES = ("static", "kubernetes")
 DEFAULT_TIER_WEIGHTS = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.STORAGE: 0.25, Tier.EXPECTED: 0.9}
 
 T = TypeVar("T")
@@ -29,6 +30,11 @@ class Settings:
     port: int = 8080
     pods_file: Path | None = None
     """Static discovery file (JSON or TOML)."""
+    discovery: str = "static"
+    """Where pods come from: `static` (the pods file) or `kubernetes` (the API)."""
+    k8s_namespaces: tuple[str, ...] = ()
+    """Namespaces watched by Kubernetes discovery; empty: the gateway's own, else default."""
+    k8s_label_selector: str = "model.aibrix.ai/name"
     default_policy: str = "prefix-cache"
     use_remote_tokenizer: bool = True
     kv_event_sync: bool = True
@@ -39,8 +45,19 @@ class Settings:
     tokenizer_max_retries: int = 1
     tokenizer_cache_size: int = 4096
     index: IndexConfig = field(default_factory=IndexConfig)
-    admin_token: str | None = None
+    admin_token: str | None = field(default=None, repr=False)
+    """Kept out of repr: a logged or printed Settings must not show it."""
     max_body_bytes: int = 16 * 1024 * 1024
+    max_concurrent_requests: int = 1024
+    """Requests handled at once (/v1 and /admin); beyond it 429 + Retry-After."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt in tokens, checked when the tokenizer answered (400); None: no limit."""
+    body_timeout_s: float = 30.0
+    """Longest time a client may take to send its request body (408): slow-loris bound."""
+    header_timeout_s: float = 10.0
+    """Longest time a connection may take to send a request's headers (then closed)."""
+    max_header_bytes: int = 32 * 1024
+    """Bound on a request's URL + headers (431 beyond it)."""
     upstream_connect_timeout_s: float = 2.0
     upstream_timeout_s: float = 600.0
     """Longest wait for the engine's next byte (headers, or the next chunk of a stream)."""
@@ -57,10 +74,24 @@ class Settings:
     gc_gen0_threshold: int = DEFAULT_GC_GEN0_THRESHOLD
     drain_timeout_s: float = 20.0
     """On shutdown, how long in-flight requests may finish."""
+    pin_budget_fraction: float = 0.5
+    """Pinned blocks per pod may not exceed this share of its GPU KV cache."""
+    pin_default_ttl_s: float = 600.0
+    pin_interval_s: float = 1.0
+    """Pin reconciliation and lease expiry period."""
+    snapshot_dir: Path | None = None
+    """Where each pod's index snapshot is written and read at start-up (None: not at all)."""
+    snapshot_interval_s: float = 10.0
+    snapshot_max_bytes: int = 64 * 1024 * 1024
+    """A pod's snapshot larger than this is neither written nor read."""
+    bootstrap_peer: str | None = None
+    """A running gateway (http://host:port) whose index snapshots a new replica starts from."""
 
     def __post_init__(self) -> None:
         if self.default_policy not in POLICIES:
             raise ConfigError("KVGATE_DEFAULT_POLICY", self.default_policy, _one_of(POLICIES))
+        if self.discovery not in DISCOVERIES:
+            raise ConfigError("KVGATE_DISCOVERY", self.discovery, _one_of(DISCOVERIES))
         if not 0 < self.port < 65536:
             raise ConfigError("KVGATE_PORT", self.port, "a TCP port in 1..65535")
 
@@ -78,6 +109,15 @@ class Settings:
         values["port"] = reader.get("KVGATE_PORT", _port, 8080, "a TCP port in 1..65535")
         pods_file = reader.get("KVGATE_PODS_FILE", Path, None, "a file path")
         values["pods_file"] = pods_file
+        values["discovery"] = reader.get(
+            "KVGATE_DISCOVERY", _choice(DISCOVERIES), "static", _one_of(DISCOVERIES)
+        )
+        values["k8s_namespaces"] = reader.get(
+            "KVGATE_K8S_NAMESPACES", _namespaces, (), "comma-separated namespace names"
+        )
+        values["k8s_label_selector"] = reader.get(
+            "KVGATE_K8S_LABEL_SELECTOR", str, "model.aibrix.ai/name", "a label selector"
+        )
         values["default_policy"] = reader.get(
             "KVGATE_DEFAULT_POLICY", _choice(POLICIES), "prefix-cache", _one_of(POLICIES)
         )
@@ -107,11 +147,24 @@ class Settings:
         values["max_body_bytes"] = reader.get(
             "KVGATE_MAX_BODY_BYTES", _positive_int, 16 * 1024 * 1024, "an integer > 0"
         )
+        values["max_concurrent_requests"] = reader.get(
+            "KVGATE_MAX_CONCURRENT_REQUESTS", _positive_int, 1024, "an integer > 0"
+        )
+        values["max_prompt_tokens"] = reader.get(
+            "KVGATE_MAX_PROMPT_TOKENS", _positive_int, None, "an integer > 0"
+        )
+        values["max_header_bytes"] = reader.get(
+            "KVGATE_MAX_HEADER_BYTES", _positive_int, 32 * 1024, "an integer > 0"
+        )
         for variable, name, default in (
+            ("KVGATE_BODY_TIMEOUT", "body_timeout_s", 30.0),
+            ("KVGATE_HEADER_TIMEOUT", "header_timeout_s", 10.0),
             ("KVGATE_UPSTREAM_CONNECT_TIMEOUT", "upstream_connect_timeout_s", 2.0),
             ("KVGATE_UPSTREAM_TIMEOUT", "upstream_timeout_s", 600.0),
             ("KVGATE_SCRAPE_INTERVAL", "scrape_interval_s", 1.0),
             ("KVGATE_DRAIN_TIMEOUT", "drain_timeout_s", 20.0),
+            ("KVGATE_PIN_DEFAULT_TTL", "pin_default_ttl_s", 600.0),
+            ("KVGATE_PIN_INTERVAL", "pin_interval_s", 1.0),
         ):
             values[name] = reader.get(variable, _duration, default, _DURATION_HELP)
         values["max_connections_per_pod"] = reader.get(
@@ -131,6 +184,19 @@ class Settings:
         )
         values["gc_gen0_threshold"] = reader.get(
             "KVGATE_GC_GEN0_THRESHOLD", _non_negative_int, DEFAULT_GC_GEN0_THRESHOLD, ">= 0"
+        )
+        values["snapshot_dir"] = reader.get("KVGATE_SNAPSHOT_DIR", Path, None, "a directory path")
+        values["snapshot_interval_s"] = reader.get(
+            "KVGATE_SNAPSHOT_INTERVAL_S", _duration, 10.0, _DURATION_HELP
+        )
+        values["snapshot_max_bytes"] = reader.get(
+            "KVGATE_SNAPSHOT_MAX_BYTES", _positive_int, 64 * 1024 * 1024, "an integer > 0"
+        )
+        values["bootstrap_peer"] = reader.get(
+            "KVGATE_BOOTSTRAP_PEER", _url, None, "an http(s):// URL of a running gateway"
+        )
+        values["pin_budget_fraction"] = reader.get(
+            "KVGATE_PIN_BUDGET_FRACTION", _fraction, 0.5, "a number in (0, 1]"
         )
         values["index"] = IndexConfig.from_env(env)
         settings = cls(**values)
@@ -200,11 +266,25 @@ def _non_negative_int(raw: str) -> int:
     return value
 
 
+def _fraction(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value <= 1:
+        raise ValueError(raw)
+    return value
+
+
 def _port(raw: str) -> int:
     value = int(raw)
     if not 0 < value < 65536:
         raise ValueError(raw)
     return value
+
+
+def _namespaces(raw: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in raw.split(",") if name.strip())
+    if not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name) for name in names):
+        raise ValueError(raw)
+    return names
 
 
 def _url(raw: str) -> str:

@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from gateway.discovery import Discovery
 from gateway.metrics import GatewayMetrics
+from gateway.pinning.manager import PinManager
 from gateway.proxy import Upstream
 from gateway.registry import PodRegistry
 from gateway.router import Router
@@ -29,6 +30,7 @@ class GatewayState:
     started_at: int
     discovery: Discovery
     discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    pins: PinManager | None = None
 
 
 def state_of(request: Request) -> GatewayState:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+from gateway.http1 import Http1Error, Http1Pool
 
 # Request fields that change how vLLM renders and tokenizes a chat / a prompt.
 _CHAT_FIELDS = (
@@ -78,14 +78,14 @@ class RemoteTokenizer:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        pool: Http1Pool,
         *,
         timeout_s: float,
         max_retries: int,
         cache_size: int,
         endpoint: str | None = None,
     ) -> None:
-        self._client = client
+        self._pool = pool
         self._timeout_s = timeout_s
         self._max_retries = max_retries
         self._cache_size = cache_size
@@ -124,22 +124,19 @@ class RemoteTokenizer:
         raise TokenizerError(last_error)
 
     async def _call(self, url: str, body: Mapping[str, Any]) -> list[int]:
+        payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         try:
-            response = await self._client.post(
-                f"{url}/tokenize", json=body, timeout=self._timeout_s
-            )
-        except httpx.TimeoutException:
+            async with asyncio.timeout(self._timeout_s):
+                status, answer = await self._pool.post(f"{url}/tokenize", payload)
+        except TimeoutError:
             raise TokenizerError(f"{url}/tokenize timed out after {self._timeout_s} s") from None
-        except httpx.HTTPError as exc:
-            raise TokenizerError(f"{url}/tokenize failed: {exc!r}") from None
-        if response.status_code != 200:
+        except (Http1Error, ValueError) as exc:
+            raise TokenizerError(f"{url}/tokenize failed: {exc}") from None
+        if status != 200:
             # A 4xx is the same answer every time (unknown model, unsupported fields).
-            raise TokenizerError(
-                f"{url}/tokenize answered {response.status_code}",
-                retryable=response.status_code >= 500,
-            )
+            raise TokenizerError(f"{url}/tokenize answered {status}", retryable=status >= 500)
         try:
-            tokens = response.json()["tokens"]
+            tokens = json.loads(answer)["tokens"]
         except (ValueError, KeyError, TypeError):
             raise TokenizerError(f"{url}/tokenize answered without token ids") from None
         if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):

@@ -3,6 +3,13 @@
 from indexer.config import ConfigError, IndexConfig, IndexLimits
 from indexer.hashing import DEFAULT_HASH_SEED, PrefixHasher
 from indexer.match import IndexStats, MatchResult
+from indexer.snapshot import (
+    PodIndexState,
+    PodSnapshot,
+    SnapshotError,
+    decode_snapshot,
+    encode_snapshot,
+)
 from indexer.table import SyncPrefixHashTable
 from indexer.types import EngineHash, ModelContext, StoredBlocksEvent, Tier, UnknownPodError
 
@@ -15,9 +22,14 @@ __all__ = [
     "IndexStats",
     "MatchResult",
     "ModelContext",
+    "PodIndexState",
+    "PodSnapshot",
     "PrefixHasher",
+    "SnapshotError",
     "StoredBlocksEvent",
     "SyncPrefixHashTable",
     "Tier",
     "UnknownPodError",
+    "decode_snapshot",
+    "encode_snapshot",
 ]

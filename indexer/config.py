@@ -117,7 +117,7 @@ class IndexConfig:
         values: dict[str, Any] = {"limits": IndexLimits.from_env(env)}
         raw = env.get("AIBRIX_PREFIX_CACHE_BLOCK_SIZE", "").strip()
         if raw:
-            if not raw.isdigit() or int(raw) < 1:
+            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:  # "²" is a digit too
                 raise ConfigError(
                     "AIBRIX_PREFIX_CACHE_BLOCK_SIZE", raw, "a positive integer number of tokens"
                 )

@@ -40,6 +40,7 @@ class PodState:
         "bit",
         "copies",
         "entries",
+        "epoch",
         "expected",
         "extra_refs",
         "lora_names",
@@ -73,6 +74,9 @@ class PodState:
         self.expected: dict[Block, float] = {}
         self.size = 0
         self.rejected: dict[str, int] = {}
+        self.epoch = 0
+        """Set by the table when the pod is registered or cleared, so that a caller that
+        remembers it can tell the pod's blocks were all dropped since (a pin ledger)."""
 
     def context(self, lora_id: int | None, lora_name: str | None) -> ModelContext:
         if lora_name:

@@ -23,6 +23,7 @@ from indexer.config import IndexConfig
 from indexer.hashing import PrefixHasher
 from indexer.match import IndexStats, MatchResult
 from indexer.pod import Partial, PodState, Target, blocks_of
+from indexer.snapshot import EntryGroup, EntryRecord, PartialRecord, PodIndexState
 from indexer.types import (
     EngineHash,
     ModelContext,
@@ -80,6 +81,7 @@ class SyncPrefixHashTable:
         self._evicted_contexts = 0
         self._expired = 0
         self._eviction_runs = 0
+        self._epochs = 0  # source of PodState.epoch: bumped on every registration and clear
 
     # -- pods ---------------------------------------------------------------------------
 
@@ -114,6 +116,8 @@ class SyncPrefixHashTable:
         )
         self._pods[pod] = state
         self._by_bit[state.bit] = state
+        self._epochs += 1
+        state.epoch = self._epochs
 
     def remove_pod(self, pod: str) -> None:
         """Forget `pod` entirely, in time proportional to what it held."""
@@ -461,6 +465,78 @@ class SyncPrefixHashTable:
         state = self._state(pod)
         return {tier: state.engine_hashes(tier) for tier in _REAL}
 
+    def pod_epoch(self, pod: str) -> int:
+        """Changes whenever the pod is (re-)registered or all its blocks are dropped
+        (AllBlocksCleared, an engine restart, a lost event stream): whatever the engine
+        held before, such as pins, may be gone."""
+        return self._state(pod).epoch
+
+    def engine_blocks(
+        self, pod: str, context: ModelContext, token_ids: Sequence[int]
+    ) -> list[tuple[EngineHash, Tier]]:
+        """The engine hashes of `pod` that hold the longest prefix of `token_ids` it holds
+        in a real tier, each once with its best tier, in prompt order (what a pin call
+        needs).
+
+        Engine blocks of k gateway blocks count when all k are in the prefix; engine blocks
+        smaller than a gateway block (partials) count when their tokens are the prompt's,
+        including those past the last full gateway block the pod holds. Costs one pass over
+        the pod's engine entries: meant for pin calls, not for every request.
+        """
+        state = self._state(pod)
+        store = self._stores.get(context)
+        if store is None:
+            return []
+        size = self.config.block_size
+        position: dict[Block, int] = {}
+        for index, gw_hash in enumerate(self.hasher.prefix_hashes(token_ids)):
+            block = store.blocks.get(gw_hash)
+            if block is None or not block.real_mask() & state.bit:
+                break
+            position[block] = index
+        # The partials of every held block, and of the first block past them (its tokens
+        # may be held in part): Partial(parent gateway hash, tokens since it) -> order key.
+        wanted: dict[Partial, tuple[int, int]] = {}
+        hashes = [block.gw_hash for block in position]
+        for index in range(len(hashes) + 1):
+            parent = hashes[index - 1] if index else self.hasher.seed
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            for length in range(1, min(len(tokens) + 1, size)):
+                wanted[Partial(parent, tokens[:length])] = (index, length)
+        found: dict[EngineHash, tuple[tuple[int, int], Tier]] = {}
+        for tier in _REAL:
+            keyed: list[tuple[EngineHash, tuple[int, int]]] = []
+            for engine_hash, target in state.entries[tier].items():
+                if isinstance(target, Block):
+                    at = position.get(target)
+                    if at is not None and target.store is not None:
+                        keyed.append((engine_hash, (at, size)))
+                elif all(block in position and block.store is not None for block in target):
+                    keyed.append((engine_hash, (position[target[-1]], size)))
+            for engine_hash, partial in state.partials[tier].items():
+                key = wanted.get(partial)
+                if key is not None:
+                    keyed.append((engine_hash, key))
+            for engine_hash, key in keyed:
+                if engine_hash not in found:  # tiers are visited best first
+                    found[engine_hash] = (key, tier)
+        ordered = sorted(found.items(), key=lambda item: item[1][0])
+        return [(engine_hash, tier) for engine_hash, (_, tier) in ordered]
+
+    def held_tiers(self, pod: str, engine_hashes: Iterable[EngineHash]) -> dict[EngineHash, Tier]:
+        """Of these engine hashes, the ones the index believes `pod` holds in a real tier,
+        each with its best tier."""
+        state = self._state(pod)
+        held: dict[EngineHash, Tier] = {}
+        for engine_hash in engine_hashes:
+            for tier in _REAL:
+                target = state.entries[tier].get(engine_hash)
+                alive = target is not None and all(b.store is not None for b in blocks_of(target))
+                if alive or engine_hash in state.partials[tier]:
+                    held[engine_hash] = tier
+                    break
+        return held
+
     def rejected_blocks(self, pod: str) -> dict[str, int]:
         """Blocks of this pod's BlockStored events not indexed, by reason (broken_chain...),
         since it was registered."""
@@ -485,6 +561,86 @@ class SyncPrefixHashTable:
             expired_expected=self._expired,
             eviction_runs=self._eviction_runs,
         )
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def export_pod(self, pod: str) -> PodIndexState:
+        """What `pod` holds for real (router-side entries excluded), for `restore_pod` —
+        in a snapshot file, a later process or another replica."""
+        state = self._state(pod)
+        groups: dict[tuple[Tier, str | None], list[EntryRecord]] = {}
+        partials: list[PartialRecord] = []
+        for tier in _REAL:
+            copies = state.copies[tier]
+            by_store: dict[PrefixStore, list[EntryRecord]] = {}  # keyed by identity: fast
+            for engine_hash, target in state.entries[tier].items():
+                if isinstance(target, Block):  # the common case, kept short: this runs on
+                    store = target.store  # the event loop for every entry of the pod
+                    gw_hashes: tuple[int, ...] = (target.gw_hash,)
+                else:
+                    store = target[0].store
+                    if any(block.store is None for block in target):
+                        continue
+                    gw_hashes = tuple(block.gw_hash for block in target)
+                if store is None:
+                    continue  # evicted: not indexed any more
+                records = by_store.get(store)
+                if records is None:
+                    records = by_store[store] = groups.setdefault((tier, store.context.lora), [])
+                extra = copies.get(engine_hash, 0) if copies else 0
+                records.append((engine_hash, gw_hashes, extra))
+            for engine_hash, partial in state.partials[tier].items():
+                extra = copies.get(engine_hash, 0)
+                partials.append(
+                    PartialRecord(tier, engine_hash, partial.parent_gw, partial.pending, extra)
+                )
+        return PodIndexState(
+            tuple(EntryGroup(tier, lora, tuple(r)) for (tier, lora), r in groups.items()),
+            tuple(partials),
+        )
+
+    def restore_pod(self, pod: str, index: PodIndexState) -> int:
+        """Replace what `pod` holds with `index` (from `export_pod`); returns the engine
+        entries restored. Restored blocks count as accessed now; caps apply as for events."""
+        state = self._state(pod)
+        now = self._clock()
+        self._tick(now)
+        self._clear_state(state)
+        limit = self._limits.max_blocks_per_pod
+        restored = 0
+        for group in index.groups:
+            store = self._store_for(state.context(None, group.lora), now)
+            entries, copies = state.entries[group.tier], state.copies[group.tier]
+            for engine_hash, gw_hashes, extra in group.records:
+                if not gw_hashes or engine_hash in entries:
+                    continue
+                if state.size >= limit:
+                    self._reject(state, "pod_limit", 1)
+                    continue
+                blocks = tuple(store.get_or_create(gw_hash, now) for gw_hash in gw_hashes)
+                target: Target = blocks[0] if len(blocks) == 1 else blocks
+                entries[engine_hash] = target
+                if extra:
+                    copies[engine_hash] = extra
+                self._link(state, target, group.tier)
+                state.size += 1
+                restored += 1
+            if len(store.blocks) > self._limits.max_prefixes_per_context:
+                self._trim(store)
+        for record in index.partials:
+            partials = state.partials[record.tier]
+            engine_hash = record.engine_hash
+            if engine_hash in partials or engine_hash in state.entries[record.tier]:
+                continue
+            if state.size >= limit:
+                self._reject(state, "pod_limit", 1)
+                continue
+            partials[engine_hash] = Partial(record.parent_gw, record.pending)
+            if record.copies:
+                state.copies[record.tier][engine_hash] = record.copies
+            state.size += 1
+            restored += 1
+        return restored
 
     # -- eviction -------------------------------------------------------------------------
 
@@ -621,6 +777,8 @@ class SyncPrefixHashTable:
         for block in state.expected:
             self._drop_bit(block, bit)
         state.clear()
+        self._epochs += 1
+        state.epoch = self._epochs
 
     def _drop_bit(self, block: Block, bit: int) -> None:
         """Remove the pod with `bit` from `block` in every tier (idempotent)."""

@@ -4,10 +4,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
+# tests/deploy runs `promtool check metrics` on a live /metrics page; Debian ships promtool
+# in the `prometheus` package (the tests skip, saying why, only if it cannot be installed).
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "test: installing promtool (Debian package prometheus) with apt" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+        || echo "test: could not install promtool; its checks in tests/deploy will skip" >&2
+fi
 
 echo "== ruff check" && ruff check .
 echo "== ruff format --check" && ruff format --check .
 echo "== mypy --strict indexer/ subscriber/ simulator/" && mypy --strict indexer/ subscriber/ simulator/
+# Fails only on a known vulnerability; says "skipped" when no vulnerability database answers.
+echo "== dependency audit" && python scripts/audit_deps.py
 echo "== pytest"
 set +e
 pytest "$@"

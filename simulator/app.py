@@ -4,7 +4,8 @@ Routes: `/health`, `/v1/models`, `/tokenize`, `/detokenize`, `/v1/completions`,
 `/v1/chat/completions`, `/metrics`, `/load`; flavor vllm adds `/reset_prefix_cache`, flavor
 sglang adds `/hicache/pin_blocks`, `/hicache/unpin_blocks` and `/flush_cache` (a vLLM engine
 answers 404 there, like a real one); `/sim/cache`, `/sim/stats` and `/sim/faults` inspect
-and break things.
+and break things; `probes.py` adds what external routers probe (`/server_info`,
+`/model_info`, `/get_load`, `/v1/completions/render`, …).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from simulator.openai_api import (
     prompt_tokens,
     read_json,
 )
+from simulator.probes import probe_routes
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -173,6 +175,7 @@ def create_app(engine: SimEngine) -> Starlette:
         Route("/sim/cache", sim_cache, methods=["GET"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),
         Route("/sim/faults", _guarded(sim_faults), methods=["POST"]),
+        *probe_routes(engine),
     ]
     if engine.config.flavor == "sglang":
         routes += [

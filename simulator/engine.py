@@ -170,7 +170,9 @@ class SimEngine:
             batch = self.events.take_batch()
             if batch is not None:
                 payload = self.encoder.encode(batch)
-                await self.publisher.publish(payload, drop=self.faults.should_drop_batch())
+                overrun = self.faults.take_overrun()
+                drop = overrun or self.faults.should_drop_batch()
+                await self.publisher.publish(payload, drop=drop, forget=overrun)
             if self.disk is not None:
                 await self.disk.wait_for_room()
 
@@ -220,6 +222,8 @@ class SimEngine:
                 "dropped_batches": self.publisher.dropped_batches,
                 "replay_requests": self.publisher.replay_requests,
                 "events": self.events.total_events,
+                # Events of cache changes not yet published: /sim/cache already shows them.
+                "pending_events": len(self.events.pending),
             },
             "faults_fired": dict(self.faults.fired),
             "disk": asdict(self.disk.stats) if self.disk is not None else None,

@@ -10,6 +10,9 @@ Faults (any combination in one body):
 - `{"stall_ms": ms, "seconds": s}`: for s seconds every engine step takes ms longer.
 - `{"fail_requests": N, "status": 503}`: the next N generation requests fail with that status.
 - `{"close_midstream": N}`: the next N streaming responses are cut after their first chunk.
+- `{"overrun_replay": N}`: the next N batches are not sent on PUB and the replay buffer
+  forgets every batch before each of them, as if more batches had passed than it holds: a
+  subscriber's replay can no longer reach back to what it last applied.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ _KNOWN = frozenset(
         "fail_requests",
         "status",
         "close_midstream",
+        "overrun_replay",
     }
 )
 
@@ -59,6 +63,7 @@ class Faults:
     fail_requests: int = 0
     fail_status: int = 503
     close_midstream: int = 0
+    overrun_replay: int = 0
     fired: dict[str, int] = field(default_factory=dict)
 
     def arm(self, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,6 +100,9 @@ class Faults:
         if "close_midstream" in spec:
             self.close_midstream += int(_number(spec, "close_midstream", low=0))
             armed["close_midstream"] = self.close_midstream
+        if "overrun_replay" in spec:
+            self.overrun_replay += int(_number(spec, "overrun_replay", low=0))
+            armed["overrun_replay"] = self.overrun_replay
         if spec.get("restart_publisher"):
             armed["restart_publisher"] = {"wipe_cache": bool(spec.get("wipe_cache", False))}
         if not armed:
@@ -112,6 +120,14 @@ class Faults:
         active = self.drop_fraction > 0 and self.clock() < self.drop_until
         if active and self.rng.random() < self.drop_fraction:
             self._fire("drop_fraction")
+            return True
+        return False
+
+    def take_overrun(self) -> bool:
+        """True for a batch that must be dropped and leave the replay buffer behind it."""
+        if self.overrun_replay > 0:
+            self.overrun_replay -= 1
+            self._fire("overrun_replay")
             return True
         return False
 

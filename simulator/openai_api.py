@@ -7,6 +7,7 @@ are SSE chunks ending with `data: [DONE]`, plus a final usage chunk (empty `choi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -144,8 +145,8 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
         return StreamingResponse(chunks, media_type="text/event-stream")
     engine.submit(sim)
     try:
-        while await sim.stream.get() is not None:
-            pass
+        if not await _generated_before_client_left(sim, request):
+            return Response(status_code=499)  # nobody is listening; the request is aborted
     finally:
         engine.finish(sim)
     text = engine.tokenizer.decode(sim.generated)
@@ -170,6 +171,28 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
             "usage": _usage(sim),
         }
     )
+
+
+async def _generated_before_client_left(sim: SimRequest, request: Request) -> bool:
+    """Wait for the whole answer, unless the client disconnects first (like vLLM's
+    `with_cancellation`: a non-streamed request is aborted when its client goes)."""
+
+    async def drain() -> None:
+        while await sim.stream.get() is not None:
+            pass
+
+    async def client_left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    generation = asyncio.ensure_future(drain())
+    watch = asyncio.ensure_future(client_left())
+    try:
+        await asyncio.wait((generation, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        generation.cancel()
+        watch.cancel()
+    return generation.done() and not generation.cancelled()
 
 
 def _sse(payload: dict[str, Any]) -> str:

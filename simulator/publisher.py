@@ -108,10 +108,15 @@ class EventPublisher:
         self._replay_config = self.replay_endpoint
         await self.start()
 
-    async def publish(self, payload: bytes, *, drop: bool = False) -> int:
-        """Buffer one batch for replay and send it on the PUB socket (unless `drop`)."""
+    async def publish(self, payload: bytes, *, drop: bool = False, forget: bool = False) -> int:
+        """Buffer one batch for replay and send it on the PUB socket (unless `drop`).
+
+        `forget` first empties the replay buffer, as if it had overrun: it then holds this
+        batch only (a real buffer always holds the newest batches)."""
         seq = self.next_seq
         self.next_seq += 1
+        if forget:
+            self._buffer.clear()
         self._buffer.append((seq, payload))
         if drop or self._pub is None:
             self.dropped_batches += 1

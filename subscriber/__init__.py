@@ -32,7 +32,13 @@ from subscriber.manager import SubscriberManager
 from subscriber.rejects import RejectCounter, RejectVerdict
 from subscriber.replay import ReplayUnavailableError, fetch_replay
 from subscriber.sink import BatchSink, IndexSink
-from subscriber.status import Phase, PodEndpoint, PodSubscriberStatus, SubscriberSettings
+from subscriber.status import (
+    Phase,
+    PodEndpoint,
+    PodSubscriberStatus,
+    ResumePoint,
+    SubscriberSettings,
+)
 
 __all__ = [
     "DECODE_REASONS",
@@ -58,6 +64,7 @@ __all__ = [
     "ReplayEnd",
     "ReplayEntry",
     "ReplayUnavailableError",
+    "ResumePoint",
     "SubscriberManager",
     "SubscriberSettings",
     "decode_batch",

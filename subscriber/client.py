@@ -46,6 +46,7 @@ from subscriber.status import (
     Phase,
     PodEndpoint,
     PodSubscriberStatus,
+    ResumePoint,
     SubscriberCounters,
     SubscriberSettings,
 )
@@ -73,6 +74,7 @@ class PodSubscriber:
         settings: SubscriberSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        resume: ResumePoint | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._context = context
@@ -94,11 +96,24 @@ class PodSubscriber:
         # Set when no replay could settle a doubt: the next live batch, whatever its seq,
         # becomes the new baseline of a reset pod.
         self._rebaseline = False
+        # Set when the event socket lost or (re)made its connection: the engine may have
+        # restarted and reached our seq again meanwhile, which no seq check notices, so the
+        # next live batch first checks the last applied one against the replay buffer.
+        self._verify = False
         self._counters = SubscriberCounters()
         self._last_message_at: float | None = None
         self._queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(
             maxsize=self._settings.live_queue
         )
+        # A restored index that was whole: whole again once the engine's replay confirmed
+        # its history (not before: until then it may lack the batches since the snapshot).
+        self._restored_whole = False
+        if resume is not None:
+            # The sink already holds the pod's index as of `resume`: the first session
+            # checks the engine's replay against it like after a reconnect.
+            self._last_seq, self._last_digest = resume.seq, resume.digest
+            self._restored_whole = resume.whole
+            self._degrade("restored from a snapshot: checking the engine's replay")
 
     # -- public ---------------------------------------------------------------------------
 
@@ -120,6 +135,12 @@ class PodSubscriber:
             frames_rejected=counters.frames_rejected,
             last_message_at=self._last_message_at,
         )
+
+    def resume_point(self) -> ResumePoint | None:
+        """Where the sink's entries for this pod stand now (None while they are rebuilt)."""
+        if self._last_seq is None:
+            return None
+        return ResumePoint(self._last_seq, self._last_digest, self._whole or self._restored_whole)
 
     async def run(self) -> None:
         """Subscribe until cancelled, reconnecting with capped exponential backoff."""
@@ -236,9 +257,13 @@ class PodSubscriber:
 
     async def _probe_idle(self) -> None:
         """Silence: make sure it is not silence after a lost batch (or a restarted engine)."""
-        if self.endpoint.replay is None or self._rebaseline:
+        if self.endpoint.replay is None:
             return
         self._counters.idle_probes += 1
+        if self._rebaseline:
+            # The replay socket did not answer before (engine down?): it may now.
+            await self._replay_from_start()
+            return
         await self._catch_up("idle probe")
 
     async def _watch_connection(self, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
@@ -247,8 +272,10 @@ class PodSubscriber:
                 event = parse_monitor_message(await monitor.recv_multipart())
                 if event["event"] & _CONNECTION_UP:
                     self._connected = True
+                    self._verify = True  # whoever is at the other end now, check first
                 elif event["event"] & _CONNECTION_DOWN:
                     self._connected = False
+                    self._verify = True
         finally:
             with contextlib.suppress(zmq.ZMQError):
                 sub.disable_monitor()
@@ -261,6 +288,14 @@ class PodSubscriber:
         if batch is None:
             # Not applied and `last_seq` not advanced: garbage is ignored whatever its seq,
             # and a real batch that cannot be decoded shows up as a gap at the next one.
+            return
+        verifiable = self._last_seq is not None and self.endpoint.replay is not None
+        if self._verify and verifiable and not self._rebaseline:
+            await self._catch_up("event socket reconnected")
+        if self._rebaseline and self.endpoint.replay is not None and await self._rebuilt():
+            # The engine publishes again and its replay socket answered this time: a whole
+            # rebuild beats a baseline that would leave the pod degraded for good.
+            await self._on_live(seq, payload)
             return
         if self._rebaseline:
             self._rebaseline = False
@@ -319,12 +354,19 @@ class PodSubscriber:
             self._mark_whole()
         await self._apply_entries(entries)
 
+    async def _rebuilt(self) -> bool:
+        """Replay from the start again; True when the replay socket answered this time."""
+        await self._replay_from_start()
+        return not self._rebaseline
+
     async def _catch_up(self, why: str) -> bool:
         """Settle a gap, an odd seq or a reconnect by replaying from the last applied seq.
 
         False when no replay could settle it: the pod was reset and the next live batch
         becomes its new baseline.
         """
+        self._verify = False  # whatever the reason, this checks the engine's history
+        restored_whole, self._restored_whole = self._restored_whole, False
         last = self._last_seq
         if last is None:
             await self._replay_from_start()
@@ -346,6 +388,8 @@ class PodSubscriber:
             self._engine_restarted(why)
             await self._replay_from_start()
         else:
+            if restored_whole:
+                self._mark_whole()  # the restored index is the engine's history: confirmed
             await self._apply_entries(entries[1:])
         return not self._rebaseline
 

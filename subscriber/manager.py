@@ -17,7 +17,11 @@ import zmq.asyncio
 from subscriber.client import PodSubscriber
 from subscriber.rejects import RejectCounter
 from subscriber.sink import BatchSink
-from subscriber.status import PodEndpoint, PodSubscriberStatus, SubscriberSettings
+from subscriber.status import PodEndpoint, PodSubscriberStatus, ResumePoint, SubscriberSettings
+
+ResumeHook = Callable[[PodEndpoint], ResumePoint | None]
+"""Called when a pod's subscriber starts, after the pod is registered in the sink: it may
+put a saved index for the pod into the sink and say where it stands."""
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +38,8 @@ class SubscriberManager:
     An async context manager owned by the application lifespan: leaving it stops every
     subscriber and closes every socket. `upsert` with the same endpoint is a no-op; with a
     changed one (new address, topic, model) the pod's subscriber is restarted from a
-    clean slate. `remove` stops it and drops the pod from the index.
+    clean slate. `remove` stops it and drops the pod from the index. A `resume` hook lets
+    a new subscriber start from a restored index instead of an empty one.
     """
 
     def __init__(
@@ -46,8 +51,10 @@ class SubscriberManager:
         context: zmq.asyncio.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        resume: ResumeHook | None = None,
     ) -> None:
         self._sink = sink
+        self._resume = resume
         self._settings = settings or SubscriberSettings()
         self.rejects = rejects or RejectCounter(clock=clock)
         self._owns_context = context is None
@@ -86,6 +93,7 @@ class SubscriberManager:
             settings=self._settings,
             clock=self._clock,
             rng=random.Random(self._rng.random()),
+            resume=self._resume(endpoint) if self._resume is not None else None,
         )
         task = asyncio.create_task(subscriber.run(), name=f"kv-subscriber-{endpoint.name}")
         self._running[endpoint.name] = _Running(subscriber, task)
@@ -105,6 +113,12 @@ class SubscriberManager:
     def status(self, name: str) -> PodSubscriberStatus | None:
         running = self._running.get(name)
         return running.subscriber.status() if running else None
+
+    def resume_point(self, name: str) -> tuple[PodEndpoint, ResumePoint] | None:
+        """The pod's endpoint and where its index stands, if it stands anywhere now."""
+        running = self._running.get(name)
+        point = running.subscriber.resume_point() if running else None
+        return None if running is None or point is None else (running.subscriber.endpoint, point)
 
     def statuses(self) -> dict[str, PodSubscriberStatus]:
         return {name: r.subscriber.status() for name, r in self._running.items()}

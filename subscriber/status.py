@@ -40,6 +40,21 @@ class SubscriberSettings:
     decode_limits: DecodeLimits = DEFAULT_LIMITS
 
 
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where a pod's index stands in its engine's event stream: seq and digest (xxh64 of the
+    payload) of the last applied batch, and whether the index was whole there.
+
+    A subscriber started from one (an index restored from a snapshot) replays from `seq`
+    and compares the digest: the same batch → the engine's history is the snapshot's, only
+    what follows is applied; otherwise the existing rules reset and rebuild the pod.
+    """
+
+    seq: int
+    digest: int
+    whole: bool
+
+
 class Phase(StrEnum):
     STARTING = "starting"
     REPLAYING = "replaying"

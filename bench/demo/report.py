@@ -186,7 +186,7 @@ def plot(path: Path, runs: Sequence[tuple[RunSummary, Sequence[RequestRecord]]])
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib import ticker
-    except ImportError:  # pragma: no cover - matplotlib is a dependency
+    except ImportError:  # pragma: no cover - the `bench` extra is not installed
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
     figure, (cdf, bars) = plt.subplots(1, 2, figsize=(11, 4.5))

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Words the simulated engine's tokenizer holds as single tokens.
-_WORDS = (
+WORDS = (
     "the", "of", "and", "to", "a", "in", "is", "it", "you", "that", "he", "was", "for", "on",
     "are", "with", "as", "his", "they", "be", "at", "one", "have", "this", "from", "or", "had",
     "by", "word", "but", "what", "some", "we", "can", "out", "other", "were", "all", "there",
@@ -190,4 +190,4 @@ def _lognormal(rng: random.Random, median: int, sigma: float) -> int:
 
 
 def _text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(words))
+    return " ".join(rng.choice(WORDS) for _ in range(words))

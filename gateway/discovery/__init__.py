@@ -1,11 +1,13 @@
-"""Where pods come from: a static file today, the Kubernetes API later."""
+"""Where pods come from: a static file, or the Kubernetes API."""
 
 from gateway.discovery.base import Discovery, PodListener, sync_pods
+from gateway.discovery.kubernetes import KubernetesDiscovery
 from gateway.discovery.pods import Pod, parse_pods
 from gateway.discovery.static import StaticFileDiscovery, load_pods_file
 
 __all__ = [
     "Discovery",
+    "KubernetesDiscovery",
     "Pod",
     "PodListener",
     "StaticFileDiscovery",

@@ -29,6 +29,8 @@ def load_pods_file(path: Path) -> list[Pod]:
         document: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), str(exc), "valid JSON (or TOML for .toml files)") from None
+    except RecursionError:  # both parsers recurse per nesting level
+        raise ConfigError(str(path), "nested too deeply", "valid JSON (or TOML)") from None
     return parse_pods(document, source=str(path))
 
 

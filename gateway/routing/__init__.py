@@ -1,6 +1,7 @@
 """Routing decisions: filters -> scorers -> picker, as named profiles."""
 
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
+from gateway.routing.load import LoadEstimator
 from gateway.routing.pickers import (
     MaxScorePicker,
     Picker,
@@ -17,6 +18,7 @@ __all__ = [
     "Filter",
     "HotSpotFilter",
     "KVUsageScorer",
+    "LoadEstimator",
     "LoadScorer",
     "MaxScorePicker",
     "Picker",

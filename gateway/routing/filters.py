@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from gateway.registry import PodState
+from gateway.routing.load import LoadEstimator
 from gateway.routing.request import RoutingRequest
 
 
@@ -33,11 +34,13 @@ class HotSpotFilter:
 
     name = "hot-spot-guard"
 
-    def __init__(self, margin: int) -> None:
+    def __init__(self, margin: int, estimator: LoadEstimator | None = None) -> None:
         self.margin = margin
+        self.estimator = estimator or LoadEstimator()
 
     def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[PodState]:
         if len(pods) < 2:
             return list(pods)
-        least = min(pod.load for pod in pods)
-        return [pod for pod in pods if pod.load < least + self.margin]
+        loads = {pod.name: self.estimator.load(pod) for pod in pods}
+        least = min(loads.values())
+        return [pod for pod in pods if loads[pod.name] < least + self.margin]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from gateway.registry import PodState
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
+from gateway.routing.load import LoadEstimator
 from gateway.routing.pickers import (
     MaxScorePicker,
     Picker,
@@ -72,10 +73,13 @@ class RoutingProfile:
 
 def build_policies(settings: Settings, rng: random.Random) -> dict[str, RoutingProfile]:
     routable = RoutableFilter()
-    hot_spot = HotSpotFilter(settings.hot_spot_margin)
+    estimator = LoadEstimator()
+    hot_spot = HotSpotFilter(settings.hot_spot_margin, estimator)
     prefix = PrefixScorer(settings.tier_weights)
-    load = LoadScorer()
-    cache_aware = [Weighted(prefix, 1.0), Weighted(load, 1.0), Weighted(KVUsageScorer(), 0.1)]
+    load = LoadScorer(estimator=estimator)
+    # KV usage only breaks ties: it is scraped once a second and every busy cache is full,
+    # so at 0.1 it outweighed a request of load difference (routing benchmark, `unique`).
+    cache_aware = [Weighted(prefix, 1.0), Weighted(load, 1.0), Weighted(KVUsageScorer(), 0.02)]
     best = MaxScorePicker(rng)
     return {
         "prefix-cache": RoutingProfile(

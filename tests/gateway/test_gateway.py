@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -206,6 +207,28 @@ async def test_client_disconnect_cancels_the_upstream_request(start_gateway: Sta
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             async for _ in response.aiter_bytes():
                 break  # got the first chunk; now hang up
+    await eventually(lambda: gw.state.registry.get("e0").inflight == 0, what="slot freed")
+    await eventually(
+        lambda: not engine.scheduler.running and not engine.scheduler.waiting,
+        what="the engine aborted the request",
+    )
+
+
+async def test_client_leaving_a_non_streamed_request_cancels_it_upstream(
+    start_gateway: StartGateway,
+) -> None:
+    """The engine answers a non-streamed request only when it is done: the client leaving
+    while it works must still reach the engine."""
+    gw = await start_gateway(engines=1, engine_overrides=SLOW)
+    engine = gw.engines[0].engine
+    async with gw.client() as client:
+        request = asyncio.ensure_future(
+            client.post("/v1/chat/completions", json=chat("a long answer", max_tokens=2000))
+        )
+        await eventually(lambda: bool(engine.scheduler.running), what="the engine working")
+        request.cancel()  # closes the client's connection
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
     await eventually(lambda: gw.state.registry.get("e0").inflight == 0, what="slot freed")
     await eventually(
         lambda: not engine.scheduler.running and not engine.scheduler.waiting,

@@ -159,12 +159,6 @@ def test_prefix_scorer_without_a_match_scores_zero() -> None:
     assert scorer.score(short, pods) == {"a": 0.0, "b": 0.0}
 
 
-def test_load_is_the_larger_of_ours_and_the_engines_plus_its_queue() -> None:
-    assert pod("a", inflight=3).load == 3
-    assert pod("a", inflight=2, running=5.0, waiting=1.0).load == 6
-    assert pod("a", inflight=7, running=5.0, waiting=2.0).load == 9
-
-
 def test_load_scorer_is_monotonic() -> None:
     loads = [0, 1, 2, 3, 5, 8, 16, 64, 1000]
     pods = [pod(f"p{load}", inflight=load) for load in loads]

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.http1 import Http1Pool
 from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
 from simulator import EngineServer
 from tests.conftest import StartEngine
@@ -25,25 +26,28 @@ MESSAGES = [
 ]
 
 
-class Recorder:
-    """Counts the HTTP requests an httpx client sends (an httpx event hook)."""
+class Recorder(Http1Pool):
+    """The real pool, noting each URL it is asked to POST to."""
 
     def __init__(self) -> None:
+        super().__init__(connect_timeout_s=5.0, read_timeout_s=30.0)
         self.urls: list[str] = []
 
-    async def __call__(self, request: httpx.Request) -> None:
-        self.urls.append(str(request.url))
+    async def post(self, url: str, body: bytes, **kwargs: Any) -> tuple[int, bytes]:
+        self.urls.append(url)
+        return await super().post(url, body, **kwargs)
 
 
 @pytest.fixture
-def sent() -> Recorder:
-    return Recorder()
+async def sent() -> AsyncIterator[Recorder]:
+    pool = Recorder()
+    yield pool
+    await pool.aclose()
 
 
 @pytest.fixture
-async def client(sent: Recorder) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(event_hooks={"request": [sent]}) as client:
-        yield client
+def client(sent: Recorder) -> Recorder:
+    return sent
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ async def engine(start_engine: StartEngine) -> EngineServer:
     return await start_engine(name="tok")
 
 
-def make(client: httpx.AsyncClient, **kwargs: Any) -> RemoteTokenizer:
+def make(client: Http1Pool, **kwargs: Any) -> RemoteTokenizer:
     options: dict[str, Any] = {"timeout_s": 5.0, "max_retries": 1, "cache_size": 16}
     options.update(kwargs)
     return RemoteTokenizer(client, **options)
@@ -64,20 +68,22 @@ def completion_input(prompt: Any, **extra: Any) -> TokenizeInput:
 
 
 async def engine_tokenize(
-    client: httpx.AsyncClient, server: EngineServer, body: dict[str, Any]
+    client: Http1Pool, server: EngineServer, body: dict[str, Any]
 ) -> list[int]:
-    response = await client.post(f"{server.url}/tokenize", json={"model": MODEL, **body})
+    async with httpx.AsyncClient() as direct:  # straight to the engine, not through the pool
+        response = await direct.post(f"{server.url}/tokenize", json={"model": MODEL, **body})
     assert response.status_code == 200
     tokens: list[int] = response.json()["tokens"]
     return tokens
 
 
 async def generate(
-    client: httpx.AsyncClient, server: EngineServer, path: str, body: dict[str, Any]
+    client: Http1Pool, server: EngineServer, path: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    response = await client.post(
-        f"{server.url}{path}", json={"model": MODEL, "max_tokens": 1, **body}, timeout=30
-    )
+    async with httpx.AsyncClient(timeout=30) as direct:
+        response = await direct.post(
+            f"{server.url}{path}", json={"model": MODEL, "max_tokens": 1, **body}
+        )
     assert response.status_code == 200, response.text
     usage: dict[str, Any] = response.json()["usage"]
     return usage
@@ -87,7 +93,7 @@ async def generate(
 
 
 async def test_a_prompt_tokenizes_as_the_engine_does(
-    engine: EngineServer, client: httpx.AsyncClient
+    engine: EngineServer, client: Http1Pool
 ) -> None:
     tokenizer = make(client)
     ids = await tokenizer.tokenize(completion_input(PROMPT), [engine.url])
@@ -105,7 +111,7 @@ async def test_a_prompt_tokenizes_as_the_engine_does(
 
 
 async def test_chat_messages_tokenize_as_the_engine_does(
-    engine: EngineServer, client: httpx.AsyncClient
+    engine: EngineServer, client: Http1Pool
 ) -> None:
     tokenizer = make(client)
     what = TokenizeInput.for_chat({"model": MODEL, "messages": MESSAGES, "temperature": 0.5})
@@ -129,7 +135,7 @@ async def test_chat_messages_tokenize_as_the_engine_does(
 
 
 async def test_add_special_tokens_is_passed_to_the_engine(
-    engine: EngineServer, client: httpx.AsyncClient
+    engine: EngineServer, client: Http1Pool
 ) -> None:
     tokenizer = make(client)
     plain = completion_input(PROMPT, add_special_tokens=False)
@@ -143,7 +149,7 @@ async def test_add_special_tokens_is_passed_to_the_engine(
 
 
 async def test_a_repeat_is_answered_from_the_cache(
-    engine: EngineServer, client: httpx.AsyncClient, sent: Recorder
+    engine: EngineServer, client: Http1Pool, sent: Recorder
 ) -> None:
     tokenizer = make(client)
     first = await tokenizer.tokenize(completion_input(PROMPT), [engine.url])
@@ -163,7 +169,7 @@ async def test_a_repeat_is_answered_from_the_cache(
 
 
 async def test_the_cache_is_a_bounded_lru(
-    engine: EngineServer, client: httpx.AsyncClient, sent: Recorder
+    engine: EngineServer, client: Http1Pool, sent: Recorder
 ) -> None:
     tokenizer = make(client, cache_size=2)
     a, b, c = (completion_input(f"prompt number {n}") for n in ("one", "two", "three"))
@@ -182,7 +188,7 @@ async def test_the_cache_is_a_bounded_lru(
 
 
 async def test_a_zero_size_cache_caches_nothing(
-    engine: EngineServer, client: httpx.AsyncClient, sent: Recorder
+    engine: EngineServer, client: Http1Pool, sent: Recorder
 ) -> None:
     tokenizer = make(client, cache_size=0)
     for _ in range(3):
@@ -190,7 +196,7 @@ async def test_a_zero_size_cache_caches_nothing(
     assert (tokenizer.hits, tokenizer.misses, len(sent.urls)) == (0, 3, 3)
 
 
-async def test_a_dead_url_is_retried_then_fails(client: httpx.AsyncClient, sent: Recorder) -> None:
+async def test_a_dead_url_is_retried_then_fails(client: Http1Pool, sent: Recorder) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     tokenizer = make(client, max_retries=2)
     with pytest.raises(TokenizerError) as caught:
@@ -205,7 +211,7 @@ async def test_a_dead_url_is_retried_then_fails(client: httpx.AsyncClient, sent:
     assert tokenizer.failures == 2
 
 
-async def test_no_retries_means_one_try(client: httpx.AsyncClient, sent: Recorder) -> None:
+async def test_no_retries_means_one_try(client: Http1Pool, sent: Recorder) -> None:
     tokenizer = make(client, max_retries=0)
     with pytest.raises(TokenizerError):
         await tokenizer.tokenize(completion_input(PROMPT), [f"http://127.0.0.1:{free_port()}"])
@@ -213,7 +219,7 @@ async def test_no_retries_means_one_try(client: httpx.AsyncClient, sent: Recorde
 
 
 async def test_a_retry_goes_to_the_next_pod(
-    engine: EngineServer, client: httpx.AsyncClient, sent: Recorder
+    engine: EngineServer, client: Http1Pool, sent: Recorder
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     tokenizer = make(client, max_retries=1)
@@ -224,7 +230,7 @@ async def test_a_retry_goes_to_the_next_pod(
 
 
 async def test_a_fixed_endpoint_overrides_the_pods(
-    engine: EngineServer, client: httpx.AsyncClient, sent: Recorder
+    engine: EngineServer, client: Http1Pool, sent: Recorder
 ) -> None:
     tokenizer = make(client, endpoint=engine.url)
     dead = f"http://127.0.0.1:{free_port()}"
@@ -234,7 +240,7 @@ async def test_a_fixed_endpoint_overrides_the_pods(
     assert await make(client, endpoint=engine.url).tokenize(completion_input(PROMPT), []) == ids
 
 
-async def test_no_endpoint_at_all_fails(client: httpx.AsyncClient, sent: Recorder) -> None:
+async def test_no_endpoint_at_all_fails(client: Http1Pool, sent: Recorder) -> None:
     tokenizer = make(client)
     with pytest.raises(TokenizerError, match="no endpoint"):
         await tokenizer.tokenize(completion_input(PROMPT), [])
@@ -243,7 +249,7 @@ async def test_no_endpoint_at_all_fails(client: httpx.AsyncClient, sent: Recorde
 
 
 async def test_an_engine_error_is_a_tokenizer_error(
-    engine: EngineServer, client: httpx.AsyncClient
+    engine: EngineServer, client: Http1Pool
 ) -> None:
     tokenizer = make(client, max_retries=0)
     wrong = TokenizeInput.for_completion({"model": "not-served", "prompt": PROMPT})
@@ -255,7 +261,7 @@ async def test_an_engine_error_is_a_tokenizer_error(
         await tokenizer.tokenize(completion_input(PROMPT), [f"{engine.url}/elsewhere"])
 
 
-async def test_a_silent_server_times_out(client: httpx.AsyncClient, sent: Recorder) -> None:
+async def test_a_silent_server_times_out(client: Http1Pool, sent: Recorder) -> None:
     accepted: list[asyncio.StreamWriter] = []
 
     async def never_answer(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from indexer import ModelContext, SyncPrefixHashTable, Tier
 from tests.helpers import FakeClock
@@ -81,15 +81,25 @@ class IndexMachine(RuleBasedStateMachine):
         # router-side entries: pod -> gateway-block prefix -> expiry
         self.expected: dict[str, dict[tuple[int, ...], float]] = {pod: {} for pod in PODS}
         self.prompts: list[tuple[int, ...]] = []
+        self.engine_blocks: dict[str, int] = {}
         for pod in PODS:
             self.table.register_pod(pod, "m")
             self.model[pod] = PodModel()
+
+    @initialize(
+        sizes=st.lists(
+            st.sampled_from((BLOCK, 2 * BLOCK, BLOCK // 2)), min_size=len(PODS), max_size=len(PODS)
+        )
+    )
+    def engine_block_sizes(self, sizes: list[int]) -> None:
+        """Each pod's engine has one block size (smaller, equal or larger than the
+        gateway's) for its whole life, as a real engine does."""
+        self.engine_blocks = dict(zip(PODS, sizes, strict=True))
 
     @rule(
         pod=st.sampled_from(PODS),
         hashes=st.lists(engine_hashes, min_size=1, max_size=4),
         parent=st.one_of(st.none(), engine_hashes),
-        engine_block=st.sampled_from((BLOCK, 2 * BLOCK, BLOCK // 2)),
         data=st.data(),
         medium=st.sampled_from(MEDIA),
     )
@@ -98,10 +108,10 @@ class IndexMachine(RuleBasedStateMachine):
         pod: str,
         hashes: list[int],
         parent: int | None,
-        engine_block: int,
         data: st.DataObject,
         medium: str | None,
     ) -> None:
+        engine_block = self.engine_blocks[pod]
         block_tokens = data.draw(
             st.lists(
                 tokens, min_size=len(hashes) * engine_block, max_size=len(hashes) * engine_block

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import httpx
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
+from simulator import LatencyModel
 from tests.conftest import StartEngine
+from tests.helpers import eventually
 
 SYSTEM = "You are a helpful assistant for the golden capture. " * 8
 
@@ -207,3 +212,19 @@ async def test_stall_and_drop_fraction_faults(start_engine: StartEngine) -> None
         assert engine.publisher.dropped_batches > before
         missing = await client.post("/sim/faults", json={"stall_ms": 5})
         assert missing.status_code == 400 and "seconds" in missing.json()["error"]["message"]
+
+
+async def test_a_client_leaving_a_non_streamed_request_aborts_it(start_engine: StartEngine) -> None:
+    server = await start_engine(latency=LatencyModel(time_scale=2.0))
+    engine = server.engine
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        body = {"prompt": SYSTEM, "max_tokens": 2000}
+        request = asyncio.ensure_future(client.post("/v1/completions", json=body))
+        await eventually(lambda: bool(engine.scheduler.running), what="the engine working")
+        request.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+    await eventually(
+        lambda: not engine.scheduler.running and not engine.scheduler.waiting,
+        what="the request aborted",
+    )

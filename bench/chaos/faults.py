@@ -1,0 +1,167 @@
+"""The fault injector: a seeded plan of faults and the code that applies each one.
+
+The plan draws faults in rounds: each round is every enabled kind once, in a seeded random
+order, with a random target engine and random parameters; so 10 faults cover the 10 kinds
+and 100 faults cover each ten times. Engine-side faults go through the simulator's
+`POST /sim/faults`; process faults kill (SIGKILL) and restart an engine or the gateway.
+
+Each applied fault is a `FaultRecord` whose `settled_at` is when the fault stopped acting
+(a drop window ended, the last armed drop fired, the killed process is up again): the
+convergence clock starts there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from bench.chaos.processes import EngineProcess, GatewayProcess
+
+KINDS = (
+    "drop_batches",
+    "drop_fraction",
+    "restart_keep_cache",
+    "restart_wipe_cache",
+    "kill_engine",
+    "stall",
+    "fail_5xx",
+    "close_midstream",
+    "overrun_replay",
+    "kill_gateway",
+)
+# The simulator's `faults_fired` counter that shows an armed fault has acted.
+_FIRED_KEY = {
+    "drop_batches": "drop_batches",
+    "fail_5xx": "fail_requests",
+    "close_midstream": "close_midstream",
+    "overrun_replay": "overrun_replay",
+}
+FIRE_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    index: int
+    kind: str
+    engine: int
+    params: dict[str, Any]
+
+
+@dataclass
+class FaultRecord:
+    spec: FaultSpec
+    pod: str | None
+    started: float
+    settled_at: float = 0.0
+    fired: bool = True
+    """False when an armed fault did not act within FIRE_TIMEOUT_S (no matching traffic)."""
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def fault_plan(
+    seed: int, count: int, engines: int, kinds: Sequence[str] = KINDS
+) -> list[FaultSpec]:
+    rng = random.Random(seed)
+    specs: list[FaultSpec] = []
+    while len(specs) < count:
+        round_kinds = list(kinds)
+        rng.shuffle(round_kinds)
+        for kind in round_kinds[: count - len(specs)]:
+            specs.append(FaultSpec(len(specs), kind, rng.randrange(engines), _params(kind, rng)))
+    return specs
+
+
+def _params(kind: str, rng: random.Random) -> dict[str, Any]:
+    if kind == "drop_batches":
+        return {"drop_batches": rng.randint(1, 5)}
+    if kind == "drop_fraction":
+        return {"drop_fraction": round(rng.uniform(0.3, 0.9), 2), "seconds": rng.uniform(0.5, 2)}
+    if kind == "restart_keep_cache":
+        return {"restart_publisher": True, "wipe_cache": False}
+    if kind == "restart_wipe_cache":
+        return {"restart_publisher": True, "wipe_cache": True}
+    if kind == "kill_engine":
+        return {"down_s": round(rng.uniform(0.2, 1.5), 2)}
+    if kind == "stall":
+        return {"stall_ms": rng.randint(50, 300), "seconds": rng.uniform(0.5, 2)}
+    if kind == "fail_5xx":
+        return {"fail_requests": rng.randint(1, 4), "status": rng.choice([500, 502, 503])}
+    if kind == "close_midstream":
+        return {"close_midstream": rng.randint(1, 3)}
+    if kind == "overrun_replay":
+        return {"overrun_replay": rng.randint(1, 3)}
+    if kind == "kill_gateway":
+        return {}
+    raise ValueError(f"unknown fault kind {kind!r}")
+
+
+class FaultInjector:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        engines: Sequence[EngineProcess],
+        gateway: GatewayProcess,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._engines = engines
+        self._gateway = gateway
+        self._clock = clock
+
+    async def apply(self, spec: FaultSpec) -> FaultRecord:
+        engine = self._engines[spec.engine]
+        pod = None if spec.kind == "kill_gateway" else engine.address.name
+        record = FaultRecord(spec, pod, self._clock())
+        if spec.kind == "kill_gateway":
+            await self._gateway.kill()
+            record.notes["killed_at"] = self._clock()
+            await self._gateway.start()
+        elif spec.kind == "kill_engine":
+            await engine.kill()
+            record.notes["killed_at"] = self._clock()
+            await asyncio.sleep(spec.params["down_s"])
+            await engine.start()
+        elif spec.kind in ("drop_fraction", "stall"):
+            await self.arm(engine, spec.params)
+            await asyncio.sleep(spec.params["seconds"])
+        elif spec.kind in _FIRED_KEY:
+            key = _FIRED_KEY[spec.kind]
+            before = (await self.fired(engine)).get(key, 0)
+            await self.arm(engine, spec.params)
+            wanted = before + int(spec.params[_param_of(spec.kind)])
+            record.fired = await self._wait_fired(engine, key, wanted)
+        else:
+            await self.arm(engine, spec.params)
+        record.settled_at = self._clock()
+        return record
+
+    async def arm(self, engine: EngineProcess, spec: dict[str, Any]) -> dict[str, Any]:
+        response = await self._client.post(f"{engine.address.url}/sim/faults", json=spec)
+        response.raise_for_status()
+        armed: dict[str, Any] = response.json()["armed"]
+        return armed
+
+    async def fired(self, engine: EngineProcess) -> dict[str, int]:
+        response = await self._client.get(f"{engine.address.url}/sim/stats")
+        response.raise_for_status()
+        fired: dict[str, int] = response.json()["faults_fired"]
+        return fired
+
+    async def _wait_fired(self, engine: EngineProcess, key: str, wanted: int) -> bool:
+        deadline = self._clock() + FIRE_TIMEOUT_S
+        while self._clock() < deadline:
+            if (await self.fired(engine)).get(key, 0) >= wanted:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+
+def _param_of(kind: str) -> str:
+    return {"fail_5xx": "fail_requests"}.get(kind, kind)

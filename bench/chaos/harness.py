@@ -1,0 +1,109 @@
+"""A running fleet for chaos and soak runs: N engine processes and one gateway process on
+fixed loopback ports, with the HTTP client, fault injector and convergence checker that
+drive them. Every process is stopped on the way out, also on errors and Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.chaos.convergence import Convergence, ConvergenceChecker
+from bench.chaos.faults import FaultInjector
+from bench.chaos.processes import (
+    EngineOptions,
+    EngineProcess,
+    GatewayProcess,
+    engine_addresses,
+    write_pods_file,
+)
+from bench.demo.fleet import free_port_block
+
+HEAL_RESET_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Harness:
+    engines: list[EngineProcess]
+    gateway: GatewayProcess
+    client: httpx.AsyncClient
+    injector: FaultInjector
+    checker: ConvergenceChecker
+    workdir: Path
+
+    async def heal(self, pod: str) -> str:
+        """Bring a pod whose index cannot become whole by itself back to a known state, as
+        an operator would: empty the engine's prefix cache (`/reset_prefix_cache`, retried
+        while requests run; its AllBlocksCleared makes the index whole), else restart the
+        engine with an empty cache. Returns what was done."""
+        engine = next(e for e in self.engines if e.address.name == pod)
+        deadline = time.monotonic() + HEAL_RESET_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                response = await self.client.post(f"{engine.address.url}/reset_prefix_cache")
+                if response.status_code == 200:
+                    return "reset_prefix_cache"
+            await asyncio.sleep(0.02)
+        await self.injector.arm(engine, {"restart_publisher": True, "wipe_cache": True})
+        return "engine_restart"
+
+    async def converge_or_heal(
+        self, since: float, timeout_s: float
+    ) -> tuple[Convergence, Convergence | None, dict[str, str]]:
+        """The convergence after a fault; for pods left degraded, the heal and the
+        convergence after it."""
+        first = await self.checker.wait_converged(since, timeout_s)
+        if first.converged or not first.not_whole:
+            return first, None, {}
+        healed = {pod: await self.heal(pod) for pod in first.not_whole}
+        # Right after the heal the pod still reads degraded until its AllBlocksCleared
+        # arrives: wait for it rather than giving up on the stale reason.
+        after = await self.checker.wait_converged(
+            time.monotonic(), timeout_s, give_up_when_permanent=False
+        )
+        return first, after, healed
+
+
+@contextlib.asynccontextmanager
+async def running_harness(
+    workdir: Path,
+    *,
+    engines: int,
+    options: EngineOptions,
+    seed: int,
+    snapshot_dir: Path | None,
+) -> AsyncIterator[Harness]:
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    base = free_port_block(3 * engines + 1, random.Random())
+    addresses = engine_addresses(base, engines)
+    log = workdir / "processes.log"
+    procs = [EngineProcess(a, options, log, seed + 100 * i) for i, a in enumerate(addresses)]
+    pods_file = write_pods_file(workdir / "pods.json", addresses)
+    token = secrets.token_hex(16)
+    gateway = GatewayProcess(
+        base + 3 * engines, pods_file, log, admin_token=token, snapshot_dir=snapshot_dir
+    )
+    try:
+        await asyncio.gather(*(p.start() for p in procs))
+        await gateway.start()
+        limits = httpx.Limits(max_keepalive_connections=32)
+        async with httpx.AsyncClient(timeout=10.0, limits=limits) as client:
+            yield Harness(
+                procs,
+                gateway,
+                client,
+                FaultInjector(client, procs, gateway),
+                ConvergenceChecker(client, gateway.url, token, addresses),
+                workdir,
+            )
+    finally:
+        await gateway.stop(sig=2)  # SIGINT: uvicorn drains, the lifespan stops everything
+        for proc in procs:
+            await proc.stop()

@@ -1,0 +1,402 @@
+"""`kvgate bench pin-depth`: seed 001's V5 depth sweep on simulated SGLang engines.
+
+Per depth D (0, 2, 6, 10, 16), on a fresh pair of identical engines (one process, `--fleet
+2 --flavor sglang`), each behind its own gateway:
+1. warm-up: the VIP conversation's system prompt and messages 0..D, through the gateway
+   (pinned phase: with `x-kvgate-pin`, so the gateway pins it once its blocks are stored;
+   the gateway's subscriber is connected before the warm-up, seed gotcha 10);
+2. flood: other multi-turn traffic straight to the engine, `ceil(capacity × cycles /
+   unique tokens per flood request)` requests (seed gotcha 8), both numbers measured: the
+   capacity from the engine's /metrics, the unique tokens from the flood prompts as the
+   engine tokenizes them (a radix tree's distinct tokens per request, plus the answer);
+3. drain, then measure: messages 0..D+1 streamed through the gateway, TTFT from the
+   stream (first content chunk) and cached tokens from the same stream's usage (gotcha 9).
+TTFT is reported in model time (wall time × the engines' --time-scale).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.demo.fleet import EngineEndpoint, FleetSpec, SimFleet
+from bench.demo.gateway import write_pods_file
+from bench.results_io import RESULTS_DIR, pyplot, write_json
+from bench.workloads.pin_depth import (
+    FloodTraffic,
+    PinDepthWorkloadConfig,
+    VipConversation,
+    trie_tokens,
+    vip_conversation,
+)
+from gateway.app import create_app
+from gateway.server import GatewayServer
+from gateway.settings import Settings
+
+ADMIN_TOKEN = "pin-depth-bench"
+PIN_HEADERS = {"x-kvgate-pin": "ttl=3600", "x-session-id": "vip"}
+PROBE_SESSIONS = 6
+
+
+@dataclass(frozen=True)
+class Plan:
+    depths: tuple[int, ...]
+    gpu_blocks: int
+    block_size: int
+    time_scale: float
+    flood_concurrency: int
+    flood_osl: int
+    cycles: float
+    workload: PinDepthWorkloadConfig
+    seed: int
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Plan:
+        quick = args.quick
+        workload = (
+            PinDepthWorkloadConfig(
+                vip_system_words=600, vip_user_words=250, vip_assistant_words=60, vip_messages=8,
+                flood_system_words=100, flood_message_words=30, flood_turns=12, seed=args.seed,
+            )
+            if quick
+            else PinDepthWorkloadConfig(seed=args.seed)
+        )  # fmt: skip
+        depths = tuple(args.depths) if args.depths else ((0, 2, 6) if quick else (0, 2, 6, 10, 16))
+        plan = cls(
+            depths=depths,
+            gpu_blocks=args.gpu_blocks or (256 if quick else 2676),
+            block_size=args.block_size,
+            time_scale=args.time_scale or (20.0 if quick else 10.0),
+            flood_concurrency=args.flood_concurrency,
+            flood_osl=args.flood_osl,
+            cycles=args.cycles,
+            workload=workload,
+            seed=args.seed,
+        )
+        if max(depths) + 2 > workload.vip_messages:
+            plan = replace(plan, workload=replace(workload, vip_messages=max(depths) + 2))
+        return plan
+
+
+class _SglangFleet(SimFleet):
+    def __init__(self, spec: FleetSpec, log_path: Path, block_size: int) -> None:
+        super().__init__(spec, log_path)
+        self.block_size = block_size
+
+    def command(self, base_port: int) -> list[str]:
+        return [*super().command(base_port), "--flavor", "sglang",
+                "--block-size", str(self.block_size)]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FloodPlan:
+    capacity_tokens: int
+    unique_tokens_per_request: float
+    requests: int
+    traffic: FloodTraffic
+
+
+async def _capacity_tokens(client: httpx.AsyncClient, url: str) -> int:
+    text = (await client.get(f"{url}/metrics")).text
+    line = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info"))
+    labels = dict(
+        part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
+    )
+    return int(labels["num_gpu_blocks"].strip('"')) * int(labels["block_size"].strip('"'))
+
+
+async def _tokenize(client: httpx.AsyncClient, url: str, model: str, chat: Any) -> list[int]:
+    answer = await client.post(f"{url}/tokenize", json={"model": model, "messages": chat})
+    answer.raise_for_status()
+    tokens: list[int] = answer.json()["tokens"]
+    return tokens
+
+
+async def plan_flood(plan: Plan, client: httpx.AsyncClient, engine: EngineEndpoint) -> FloodPlan:
+    """The seed's rule, with both of its numbers measured on the engine."""
+    capacity = await _capacity_tokens(client, engine.url)
+    probe = FloodTraffic(plan.workload, PROBE_SESSIONS)
+    prompts = [
+        await _tokenize(client, engine.url, engine.model, probe.request(j))
+        for j in range(probe.capacity)
+    ]
+    unique = (trie_tokens(prompts) + len(prompts) * plan.flood_osl) / len(prompts)
+    requests = math.ceil(capacity * plan.cycles / unique)
+    sessions = math.ceil(requests / plan.workload.flood_turns)
+    return FloodPlan(capacity, unique, requests, FloodTraffic(plan.workload, sessions))
+
+
+async def _start_gateway(pods_file: Path) -> GatewayServer:
+    settings = Settings(pods_file=pods_file, admin_token=ADMIN_TOKEN, pin_interval_s=0.2,
+                        drain_timeout_s=2.0)  # fmt: skip
+    server = GatewayServer(create_app(settings), drain_timeout_s=2)
+    await server.start()
+    return server
+
+
+async def _eventually(check: Any, what: str, timeout_s: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout_s} s")
+        await asyncio.sleep(0.05)
+
+
+async def _flood(
+    client: httpx.AsyncClient, plan: Plan, flood: FloodPlan, url: str, model: str
+) -> None:
+    queue = iter(range(flood.requests))
+
+    async def worker() -> None:
+        for index in queue:
+            body = {"model": model, "messages": flood.traffic.request(index),
+                    "max_tokens": plan.flood_osl}  # fmt: skip
+            (await client.post(f"{url}/v1/chat/completions", json=body)).raise_for_status()
+
+    await asyncio.gather(*(worker() for _ in range(plan.flood_concurrency)))
+
+    async def drained() -> bool:
+        load: int = (await client.get(f"{url}/load")).json()["server_load"]
+        return load == 0
+
+    await _eventually(drained, "the engine drained")
+
+
+async def _caught_up(
+    client: httpx.AsyncClient, gateway: str, engine: str, admin: dict[str, str]
+) -> None:
+    """Wait until the gateway has applied every event batch of the flood: the measured
+    request must not queue behind the gateway's own backlog."""
+
+    async def applied() -> bool:
+        published = (await client.get(f"{engine}/sim/stats")).json()["publisher"]["next_seq"]
+        pods = (await client.get(f"{gateway}/admin/pods", headers=admin)).json()["pods"]
+        subscriber = pods[0]["subscriber"] or {}
+        return subscriber.get("last_seq") == published - 1
+
+    await _eventually(applied, "the gateway applied the flood's events")
+
+
+async def _measure(
+    client: httpx.AsyncClient, gateway: str, model: str, chat: Any
+) -> tuple[float, int, int]:
+    """TTFT (wall s) from the stream, and prompt / cached tokens from its usage chunk."""
+    body = {"model": model, "messages": chat, "max_tokens": 8, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    started = time.perf_counter()
+    ttft: float | None = None
+    usage: dict[str, Any] = {}
+    async with client.stream("POST", f"{gateway}/v1/chat/completions", json=body,
+                             headers={"x-session-id": "vip"}) as response:  # fmt: skip
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            if ttft is None and choices and choices[0].get("delta", {}).get("content"):
+                ttft = time.perf_counter() - started
+            usage = chunk.get("usage") or usage
+    assert ttft is not None, "the stream carried no content"
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return ttft, int(usage.get("prompt_tokens", 0)), int(cached)
+
+
+async def run_phase(
+    plan: Plan,
+    phase: str,
+    depth: int,
+    engine: EngineEndpoint,
+    vip: VipConversation,
+    flood: FloodPlan,
+    workdir: Path,
+) -> dict[str, Any]:
+    pods_file = write_pods_file(workdir / f"pods-{phase}-{depth}.json", [engine])
+    gateway = await _start_gateway(pods_file)
+    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            await _eventually(
+                lambda: _ok(client, f"{gateway.url}/ready"), "the gateway subscribed", 30
+            )
+            body = {"model": engine.model, "messages": vip.chat(depth), "max_tokens": 1}
+            headers = PIN_HEADERS if phase == "pinned" else {"x-session-id": "vip"}
+            warm = await client.post(f"{gateway.url}/v1/chat/completions", json=body,
+                                     headers=headers)  # fmt: skip
+            warm.raise_for_status()
+            blocks = 0
+            if phase == "pinned":
+
+                async def pinned() -> int:
+                    pins = (await client.get(f"{gateway.url}/admin/pins", headers=admin)).json()
+                    lease = pins["pins"][0] if pins["pins"] else None
+                    return lease["blocks"] if lease and lease["state"] == "pinned" else 0
+
+                blocks = await _eventually(pinned, "the VIP conversation pinned", 30)
+            await _flood(client, plan, flood, engine.url, engine.model)
+            await _caught_up(client, gateway.url, engine.url, admin)
+            ttft, prompt_tokens, cached = await _measure(
+                client, gateway.url, engine.model, vip.chat(depth + 1)
+            )
+    finally:
+        await gateway.stop()
+    return {
+        "phase": phase,
+        "depth": depth,
+        "prompt_tokens": prompt_tokens,
+        "ttft_ms": ttft * plan.time_scale * 1000,
+        "ttft_wall_ms": ttft * 1000,
+        "cached_tokens": cached,
+        "cached_pct": 100.0 * cached / prompt_tokens if prompt_tokens else 0.0,
+        "blocks_pinned": blocks,
+        "flood_requests": flood.requests,
+    }
+
+
+async def _ok(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await client.get(url)).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def run_sweep(plan: Plan, workdir: Path) -> tuple[list[dict[str, Any]], FloodPlan]:
+    vip = vip_conversation(plan.workload)
+    spec = FleetSpec(engines=2, gpu_blocks=plan.gpu_blocks, time_scale=plan.time_scale,
+                     seed=plan.seed)  # fmt: skip
+    rng = random.Random(plan.seed)
+    rows: list[dict[str, Any]] = []
+    flood: FloodPlan | None = None
+    for depth in plan.depths:
+        fleet = _SglangFleet(spec, workdir / "engines.log", plan.block_size)
+        await fleet.start(rng)
+        try:
+            baseline_engine, pinned_engine = fleet.endpoints
+            if flood is None:
+                async with httpx.AsyncClient(timeout=30) as client:
+                    flood = await plan_flood(plan, client, baseline_engine)
+                print(
+                    f"flood: capacity {flood.capacity_tokens:,} tokens, "
+                    f"{flood.unique_tokens_per_request:.0f} unique tokens per request -> "
+                    f"{flood.requests} requests per depth ({plan.cycles:g}× the cache)",
+                    flush=True,
+                )
+            for phase, engine in (("baseline", baseline_engine), ("pinned", pinned_engine)):
+                row = await run_phase(plan, phase, depth, engine, vip, flood, workdir)
+                rows.append(row)
+                print(f"depth {depth:>2} {phase:<8} TTFT {row['ttft_ms']:8.1f} ms  "
+                      f"cached {row['cached_pct']:5.1f}%", flush=True)  # fmt: skip
+        finally:
+            await fleet.stop()
+    assert flood is not None
+    return rows, flood
+
+
+def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_depth: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        by_depth.setdefault(row["depth"], {})[row["phase"]] = row
+    out = []
+    for depth, phases in sorted(by_depth.items()):
+        base, pinned = phases["baseline"], phases["pinned"]
+        out.append(
+            {
+                "depth": depth,
+                "prompt_tokens": pinned["prompt_tokens"],
+                "ttft_baseline_ms": base["ttft_ms"],
+                "ttft_pinned_ms": pinned["ttft_ms"],
+                "speedup": base["ttft_ms"] / pinned["ttft_ms"] if pinned["ttft_ms"] else 0.0,
+                "cached_baseline_pct": base["cached_pct"],
+                "cached_pinned_pct": pinned["cached_pct"],
+                "blocks_pinned": pinned["blocks_pinned"],
+            }
+        )
+    return out
+
+
+def print_table(summary: list[dict[str, Any]]) -> None:
+    header = ("| Depth | Prompt Tokens | BL TTFT | PIN TTFT | Speedup | BL cached | PIN cached "
+              "| Blocks Pinned |")  # fmt: skip
+    print("\n" + header)
+    print("|" + "|".join("-" * (len(cell) + 0) for cell in header.split("|")[1:-1]) + "|")
+    for r in summary:
+        print(
+            f"| {r['depth']} | {r['prompt_tokens']:,} | {r['ttft_baseline_ms']:,.1f}ms "
+            f"| {r['ttft_pinned_ms']:,.1f}ms | **{r['speedup']:.1f}x** "
+            f"| {r['cached_baseline_pct']:.0f}% | {r['cached_pinned_pct']:.0f}% "
+            f"| {r['blocks_pinned']} |"
+        )
+    print()
+
+
+def plot(summary: list[dict[str, Any]], path: Path) -> None:
+    plt = pyplot(path)
+    depths = [r["depth"] for r in summary]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(depths, [r["ttft_baseline_ms"] for r in summary], "o-", label="baseline (no pin)")
+    ax.plot(depths, [r["ttft_pinned_ms"] for r in summary], "s-", label="pinned by kvgate")
+    ax.set_xlabel("conversation depth (messages before the measured turn)")
+    ax.set_ylabel("TTFT after the flood (model ms)")
+    ax.set_title("VIP conversation TTFT after a flood that cycles the cache")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--quick", action="store_true", help="small cache and conversation, depths 0 2 6")
+    add("--depths", type=int, nargs="+", default=None, help="depths (default 0 2 6 10 16)")
+    add("--gpu-blocks", type=int, default=None, help="engine KV blocks (2676; quick 256)")
+    add("--block-size", type=int, default=16, help="engine page size in tokens (default 16)")
+    add("--time-scale", type=float, default=None, help="engine --time-scale (10; quick 20)")
+    add("--flood-concurrency", type=int, default=8, help="flood requests in flight (8)")
+    add("--flood-osl", type=int, default=4, help="answer tokens per flood request (4)")
+    add("--cycles", type=float, default=3.0, help="times the flood cycles the cache (3)")
+    add("--seed", type=int, default=0)
+    add("--out", type=Path, default=RESULTS_DIR / "pin-depth", metavar="DIR",
+        help="where results.json and ttft.png go (default bench/results/pin-depth)")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = Plan.from_args(args)
+    print(f"pin-depth: depths {list(plan.depths)}, {plan.gpu_blocks} blocks × "
+          f"{plan.block_size} tokens, time scale {plan.time_scale:g}", flush=True)  # fmt: skip
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="kvgate-pin-depth-") as tmp:
+        rows, flood = asyncio.run(run_sweep(plan, Path(tmp)))
+    summary = table(rows)
+    print_table(summary)
+    out: Path = args.out
+    params = {**asdict(plan), "workload": asdict(plan.workload)}
+    document = {
+        "benchmark": "pin-depth",
+        "params": params,
+        "flood": {
+            "capacity_tokens": flood.capacity_tokens,
+            "unique_tokens_per_request": round(flood.unique_tokens_per_request, 1),
+            "requests_per_depth": flood.requests,
+        },
+        "summary": summary,
+        "runs": rows,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+    json_path = write_json(out / "results.json", document)
+    plot(summary, out / "ttft.png")
+    print(f"wrote {json_path} and {out / 'ttft.png'}")
+    return 0

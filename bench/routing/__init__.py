@@ -1,0 +1,1 @@
+"""`kvgate bench routing`: routers side by side on a simulated fleet (issue 8)."""

@@ -1,0 +1,148 @@
+"""`kvgate bench routing`: routing quality per router and workload, on a simulated fleet."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+from bench.results_io import RESULTS_DIR
+from bench.routing.routers import KVGATE_POLICIES, PEERS
+from bench.routing.workloads import WORKLOADS, WorkloadSize
+
+DEFAULT_ROUTERS = (*KVGATE_POLICIES, "oracle")
+SWEEP_LOADS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2)
+
+
+def _names(known: tuple[str, ...]) -> type:
+    def parse(raw: str) -> list[str]:
+        names = [n.strip() for n in raw.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(known)}")
+        return names
+
+    return parse  # type: ignore[return-value]
+
+
+def _floats(raw: str) -> list[float]:
+    try:
+        values = [float(v) for v in raw.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("comma-separated numbers, e.g. 0.4,0.8") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("positive numbers")
+    return values
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--workloads",
+        type=_names(WORKLOADS),
+        default=["chat", "unique"],
+        help=f"comma-separated, of {', '.join(WORKLOADS)} (default chat,unique)",
+    )
+    add(
+        "--routers",
+        type=_names((*DEFAULT_ROUTERS, *PEERS)),
+        default=list(DEFAULT_ROUTERS),
+        help="comma-separated routers (default: the 4 kvgate policies and the oracle)",
+    )
+    add(
+        "--peers",
+        action="store_true",
+        help="also run sglang-router and vllm-router (cache_aware), from bench/.venvs",
+    )
+    add("--engines", type=int, default=8, help="simulated engines, one process each (8)")
+    add(
+        "--load",
+        type=float,
+        default=0.8,
+        help="offered load, fraction of the fleet's ideal capacity (0.8)",
+    )
+    add(
+        "--sweep",
+        action="store_true",
+        help=f"offered loads {','.join(map(str, SWEEP_LOADS))} (light to overload)",
+    )
+    add("--loads", type=_floats, default=None, help="the sweep's loads, e.g. 0.3,0.9,1.5")
+    add(
+        "--closed",
+        type=int,
+        default=None,
+        metavar="USERS",
+        help="closed loop with USERS concurrent users instead of Poisson arrivals",
+    )
+    add("--conversations", type=int, default=None, help="conversations per workload (160)")
+    add("--turns", type=int, default=None, help="turns per chat conversation (5)")
+    add(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="engines run this many times faster than the modelled GPU "
+        "(default: per workload, so that its ideal capacity is --wall-rate)",
+    )
+    add(
+        "--wall-rate",
+        type=float,
+        default=40.0,
+        help="requests per wall second at 100%% load when --time-scale is not given (40)",
+    )
+    add("--seed", type=int, default=0, help="workload seed (same seed, same requests)")
+    add("--quick", action="store_true", help="a tiny run (2 engines, a few dozen requests)")
+    add("--run", default=None, help="results folder name under bench/results/routing/")
+    add("--out", type=Path, default=None, help="results folder (overrides --run)")
+    add("--quiet", action="store_true", help="no per-run status lines on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.routing.runner import RoutingOptions, run_routing
+
+    checks = {
+        "--engines": args.engines < 1,
+        "--load": args.load <= 0,
+        "--closed": args.closed is not None and args.closed < 1,
+        "--conversations": args.conversations is not None and args.conversations < 1,
+        "--turns": args.turns is not None and args.turns < 1,
+        "--time-scale": args.time_scale is not None and args.time_scale <= 0,
+        "--wall-rate": args.wall_rate <= 0,
+    }
+    bad = [name for name, wrong in checks.items() if wrong]
+    if bad:
+        print(f"kvgate bench routing: invalid value for {', '.join(bad)}")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.quick:
+        size = WorkloadSize(
+            conversations=args.conversations or 6,
+            turns=args.turns or 3,
+            system_words=256,
+            user_words_median=40,
+            answer_tokens_median=8,
+        )
+    else:
+        default = WorkloadSize()
+        size = WorkloadSize(
+            conversations=args.conversations or default.conversations,
+            turns=args.turns or default.turns,
+        )
+    routers = list(args.routers) + [p for p in PEERS if args.peers and p not in args.routers]
+    loads = args.loads or (list(SWEEP_LOADS) if args.sweep else [args.load])
+    run_name = args.run or ("sweep" if args.sweep else time.strftime("%Y%m%d-%H%M%S"))
+    options = RoutingOptions(
+        workloads=list(args.workloads),
+        routers=routers,
+        engines=args.engines,
+        loads=loads,
+        mode="closed" if args.closed else "open",
+        concurrency=args.closed or 0,
+        size=size,
+        time_scale=args.time_scale,
+        wall_rate=args.wall_rate,
+        seed=args.seed,
+        out_dir=args.out or RESULTS_DIR / "routing" / run_name,
+        quiet=args.quiet,
+    )
+    return run_routing(options)

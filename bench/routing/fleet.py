@@ -1,0 +1,141 @@
+"""The benchmark's engines: N simulated engines, each its own process, sized per workload.
+
+Sizing (issue 8): the engines' GPU caches together hold the workload's working set, but one
+engine holds at most a quarter of it, so no router can keep everything everywhere and
+where a conversation goes matters. With `engines` ≥ 4 each engine gets
+`slack × working set / engines` blocks, capped at a quarter of the working set; never less
+than two of the largest requests at once (the engine must be able to run them).
+
+Capacity: the rate the fleet could serve if every request found its reusable prefix cached
+(the previous turn's prompt, or the shared system prompt for a first turn), from the
+simulator's own latency model: prefill of the new tokens plus the request's share of full
+decode batches. `--load 0.8` means 80 % of that ideal capacity; a router that loses the
+cache needs more engine time per request and saturates earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.demo.fleet import EngineEndpoint, FleetSpec, SimFleet
+from bench.routing.script import Script
+from simulator.latency import LatencyModel
+
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPlan:
+    engines: int
+    gpu_blocks: int
+    time_scale: float
+    max_batch: int = 32
+    latency: LatencyModel = field(default_factory=LatencyModel)
+
+    def sim_args(self) -> list[str]:
+        latency = self.latency
+        return [
+            "--request-overhead-ms", str(latency.request_overhead_ms),
+            "--prefill-us-per-token", str(latency.prefill_us_per_token),
+            "--prefill-us-per-token-sq", str(latency.prefill_us_per_token_sq),
+            "--decode-ms-per-token", str(latency.decode_ms_per_token),
+            "--decode-ms-per-seq", str(latency.decode_ms_per_seq),
+        ]  # fmt: skip
+
+
+def plan_fleet(
+    script: Script,
+    engines: int,
+    time_scale: float,
+    *,
+    slack: float = 1.5,
+    max_batch: int = 32,
+    latency: LatencyModel | None = None,
+) -> FleetPlan:
+    working_set = script.working_set_tokens()
+    per_engine = working_set / engines
+    if engines >= 4:
+        per_engine = min(slack * per_engine, working_set / 4)
+    blocks = math.ceil(per_engine / BLOCK_SIZE)
+    floor = 2 * math.ceil(script.longest_request_tokens() / BLOCK_SIZE) + 8
+    return FleetPlan(engines, max(blocks, floor), time_scale, max_batch, latency or LatencyModel())
+
+
+def ideal_service_seconds(script: Script, plan: FleetPlan) -> float:
+    """Mean model seconds of engine time per request when every reusable prefix is cached."""
+    latency = plan.latency
+    total = 0.0
+    decode_per_token = latency.decode_ms_per_token / plan.max_batch + latency.decode_ms_per_seq
+    for conversation in script.conversations:
+        reusable = script.shared_prefixes.get(conversation.shared_prefix or "", 0)
+        for turn in conversation.turns:
+            prompt = turn.prompt_tokens()
+            cached = min(prompt - 1, reusable) // BLOCK_SIZE * BLOCK_SIZE
+            total += latency.prefill_seconds(prompt - cached, cached)
+            total += turn.max_tokens * decode_per_token / 1e3
+            reusable = prompt
+    return total / script.requests
+
+
+def capacity_rps(script: Script, plan: FleetPlan) -> float:
+    """Ideal fleet capacity in requests per model second."""
+    return plan.engines / ideal_service_seconds(script, plan)
+
+
+class _OneEngine(SimFleet):
+    """One engine process, with its own name and the plan's latency model."""
+
+    def __init__(self, spec: FleetSpec, log_path: Path, name: str, extra: list[str]) -> None:
+        super().__init__(spec, log_path)
+        self._name = name
+        self._extra = extra
+
+    def command(self, base_port: int) -> list[str]:
+        return [*super().command(base_port), "--name", self._name, *self._extra]
+
+
+class EngineProcesses:
+    """`plan.engines` engine processes; `endpoints` once started; `stop()` ends them all."""
+
+    def __init__(self, plan: FleetPlan, log_dir: Path, seed: int) -> None:
+        self.plan = plan
+        self._engines = [
+            _OneEngine(
+                FleetSpec(1, plan.gpu_blocks, plan.time_scale, plan.max_batch, seed + index),
+                log_dir / f"engine-{index}.log",
+                f"e{index}",
+                plan.sim_args(),
+            )
+            for index in range(plan.engines)
+        ]
+
+    @property
+    def endpoints(self) -> list[EngineEndpoint]:
+        return [endpoint for engine in self._engines for endpoint in engine.endpoints]
+
+    def pids(self) -> list[int]:
+        return [engine.pid for engine in self._engines if engine.pid is not None]
+
+    def cpu_seconds(self) -> float:
+        return sum(engine.cpu_seconds() for engine in self._engines)
+
+    async def start(self, rng: random.Random) -> None:
+        try:
+            # One at a time: each picks free ports after the previous one bound its own.
+            for engine in self._engines:
+                await engine.start(rng)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(engine.stop() for engine in self._engines))
+
+
+def urls(endpoints: Sequence[EngineEndpoint]) -> list[str]:
+    return [endpoint.url for endpoint in endpoints]

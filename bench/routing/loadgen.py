@@ -1,0 +1,198 @@
+"""The load generator, run as its own process: `python -m bench.routing.loadgen SPEC OUT`.
+
+It rebuilds the script from the spec (same workload, size and seed: the same requests),
+sends them to the router as streamed chat completions and writes one record per request
+to OUT (JSON). Two modes:
+
+- `open`: every request at its fixed time from `script.schedule` (conversations start at
+  Poisson times, `rate / mean turns` per model second; a turn follows the previous one
+  after a nominal answer time plus the think time), so requests arrive at `rate` per model
+  second whatever the router does: a slow router builds a queue, it does not slow the
+  arrivals down.
+- `closed`: `concurrency` users, each running conversations back to back (turns still wait
+  for the answer and the think time).
+
+Times in the spec and the script are model seconds; the generator divides them by the
+time scale. TTFT is taken at the first chunk carrying generated text; ITL is the mean gap
+between a request's later chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.routing.script import Conversation, Script, schedule
+from bench.routing.workloads import WorkloadSize, build
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    router_url: str
+    model: str
+    workload: str
+    size: WorkloadSize
+    seed: int
+    mode: str
+    """`open` (Poisson conversation starts at `rate`) or `closed` (`concurrency` users)."""
+    rate: float
+    """Requests per model second (open mode)."""
+    concurrency: int
+    time_scale: float
+    timeout_s: float = 120.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoadSpec:
+        return cls(**{**data, "size": WorkloadSize(**data["size"])})
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    conversation: str
+    tag: str
+    turn: int
+    status: int
+    error: str | None
+    started: float
+    ttft_s: float | None
+    e2e_s: float
+    itl_s: float | None
+    chunks: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class _Stream:
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.token_times: list[float] = []
+        self.usage: dict[str, Any] = {}
+
+    def feed(self, line: str) -> None:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            return
+        chunk = json.loads(line[6:])
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if (choice.get("delta") or {}).get("content"):
+                self.token_times.append(time.perf_counter())
+                break
+
+
+async def send(
+    client: httpx.AsyncClient, spec: LoadSpec, conversation: Conversation, index: int
+) -> Record:
+    turn = conversation.turns[index]
+    body = {
+        "model": spec.model,
+        "messages": list(turn.messages),
+        "max_tokens": turn.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"x-session-id": conversation.conversation_id}
+    started = time.perf_counter()
+    stream = _Stream(started)
+    status, error = 0, None
+    try:
+        url = f"{spec.router_url}/v1/chat/completions"
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            status = response.status_code
+            if status != 200:
+                error = f"HTTP {status}: {(await response.aread())[:200]!r}"
+            else:
+                async for line in response.aiter_lines():
+                    stream.feed(line)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finished = time.perf_counter()
+    times = stream.token_times
+    if error is None and not times:
+        error = "no generated text in the stream"
+    usage = stream.usage
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    return Record(
+        conversation=conversation.conversation_id,
+        tag=conversation.tag,
+        turn=index,
+        status=status,
+        error=error,
+        started=started,
+        ttft_s=times[0] - started if times else None,
+        e2e_s=finished - started,
+        itl_s=sum(gaps) / len(gaps) if gaps else None,
+        chunks=len(times),
+        prompt_tokens=_int(usage.get("prompt_tokens")),
+        cached_tokens=_int(cached),
+        completion_tokens=_int(usage.get("completion_tokens")),
+    )
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+async def run(spec: LoadSpec, script: Script) -> list[Record]:
+    records: list[Record] = []
+    scale = spec.time_scale
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
+
+    async def converse(client: httpx.AsyncClient, conversation: Conversation) -> None:
+        for index, turn in enumerate(conversation.turns):
+            records.append(await send(client, spec, conversation, index))
+            if index + 1 < len(conversation.turns):
+                await asyncio.sleep(turn.think_s / scale)
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        if spec.mode == "open":
+
+            async def one(conversation: Conversation, index: int) -> None:
+                records.append(await send(client, spec, conversation, index))
+
+            origin = time.perf_counter()
+            async with asyncio.TaskGroup() as group:
+                for at, conversation, index in schedule(script, spec.rate, spec.seed):
+                    await asyncio.sleep(max(0.0, origin + at / scale - time.perf_counter()))
+                    group.create_task(one(script.conversations[conversation], index))
+        else:
+            queue = list(reversed(script.conversations))
+
+            async def user() -> None:
+                while queue:
+                    await converse(client, queue.pop())
+
+            async with asyncio.TaskGroup() as group:
+                for _ in range(spec.concurrency):
+                    group.create_task(user())
+    return records
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = Path(argv[0]), Path(argv[1])
+    spec = LoadSpec.from_json(json.loads(spec_path.read_text()))
+    script = build(spec.workload, spec.size, spec.seed)
+    import uvloop
+
+    records = uvloop.run(run(spec, script))
+    out_path.write_text(json.dumps([asdict(r) for r in records]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

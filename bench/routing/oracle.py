@@ -1,0 +1,180 @@
+"""The oracle router: routes with full knowledge of every engine's cache, to bound what
+any router can achieve. Its own process: `python -m bench.routing.oracle PODS PORT`.
+
+It subscribes to every engine's KV events (each engine is reset before a run, so the view
+starts empty and complete), applies them to one set of resident blocks per engine, and
+hashes each prompt exactly as the simulated engines do (the simulator's own tokenizer,
+chat template and block hasher). A request goes to the engine holding the longest prefix
+of it; among equals, to the one with the fewest requests in flight (then at random).
+Nothing else: no load guard, which is why it bounds the hit rate, not the latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+import zmq
+import zmq.asyncio
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from simulator.block_hash import BlockHasher, int_hash, to_unsigned64
+from simulator.chat_template import ChatTemplate
+from simulator.tokenizer import SimTokenizer
+from simulator.wire import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+
+
+@dataclass(slots=True)
+class Engine:
+    name: str
+    url: str
+    events: str
+    blocks: set[int] = field(default_factory=set)
+    inflight: int = 0
+
+    def apply(self, payload: bytes) -> None:
+        for event in decode_batch(payload).events:
+            if isinstance(event, BlockStored):
+                self.blocks.update(_key(h) for h in event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                self.blocks.difference_update(_key(h) for h in event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                self.blocks.clear()
+
+    def matched(self, keys: list[int]) -> int:
+        count = 0
+        for key in keys:
+            if key not in self.blocks:
+                break
+            count += 1
+        return count
+
+
+def _key(value: int | bytes) -> int:
+    return int.from_bytes(value[-8:], "big") if isinstance(value, bytes) else to_unsigned64(value)
+
+
+class Oracle:
+    def __init__(self, engines: list[Engine], block_size: int = 16, hash_seed: int = 0) -> None:
+        self.engines = engines
+        self._template = ChatTemplate(SimTokenizer())
+        self._hasher = BlockHasher(block_size, hash_seed)
+        self._rng = random.Random(0)
+
+    def keys(self, body: dict[str, Any]) -> list[int]:
+        tokens = self._template.render(body["messages"], add_generation_prompt=True)
+        return [int_hash(digest) for digest in self._hasher.chain(tokens)]
+
+    def pick(self, keys: list[int]) -> Engine:
+        order = list(self.engines)
+        self._rng.shuffle(order)
+        return max(order, key=lambda e: (e.matched(keys), -e.inflight))
+
+    async def listen(self, context: zmq.asyncio.Context, ready: asyncio.Event) -> None:
+        sockets = {}
+        poller = zmq.asyncio.Poller()
+        for engine in self.engines:
+            socket = context.socket(zmq.SUB)
+            socket.setsockopt(zmq.SUBSCRIBE, b"")
+            socket.connect(engine.events)
+            poller.register(socket, zmq.POLLIN)
+            sockets[socket] = engine
+        ready.set()
+        try:
+            while True:
+                for socket, _ in await poller.poll():
+                    frames = await socket.recv_multipart()
+                    sockets[socket].apply(frames[-1])
+        finally:
+            for socket in sockets:
+                socket.close(linger=0)
+
+
+def create_app(oracle: Oracle) -> Starlette:
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(600.0, connect=5.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+    )
+    ready = asyncio.Event()
+
+    async def chat(request: Request) -> Response:
+        raw = await request.body()
+        body = json.loads(raw)
+        engine = oracle.pick(oracle.keys(body))
+        engine.inflight += 1
+        upstream = client.build_request(
+            "POST",
+            f"{engine.url}/v1/chat/completions",
+            content=raw,
+            headers={"content-type": "application/json"},
+        )
+        try:
+            response = await client.send(upstream, stream=True)
+        except httpx.HTTPError:
+            engine.inflight -= 1
+            raise
+
+        async def done() -> None:
+            engine.inflight -= 1
+            await response.aclose()
+
+        return StreamingResponse(
+            response.aiter_raw(),
+            status_code=response.status_code,
+            media_type=response.headers.get("content-type"),
+            headers={"x-kvgate-pod": engine.name},
+            background=BackgroundTask(done),
+        )
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=200 if ready.is_set() else 503)
+
+    async def state(_: Request) -> Response:
+        return JSONResponse(
+            {e.name: {"blocks": len(e.blocks), "inflight": e.inflight} for e in oracle.engines}
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        context = zmq.asyncio.Context()
+        listener = asyncio.create_task(oracle.listen(context, ready), name="oracle-events")
+        try:
+            yield
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+            await client.aclose()
+            context.term()
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/oracle/state", state, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def main(argv: list[str]) -> int:
+    pods_file, port = Path(argv[0]), int(argv[1])
+    pods = json.loads(pods_file.read_text())["pods"]
+    oracle = Oracle([Engine(p["name"], p["url"], p["events"]) for p in pods])
+    uvicorn.run(create_app(oracle), host="127.0.0.1", port=port, log_level="warning", loop="uvloop")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

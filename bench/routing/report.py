@@ -1,0 +1,189 @@
+"""The routing benchmark's table, target checks and plots."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.results_io import pyplot
+from bench.routing.summary import RunResult
+
+ORACLE = "oracle"
+
+
+def _ms(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:,.0f}"
+
+
+def format_table(results: Sequence[RunResult]) -> str:
+    """One row per router, for one workload at one load."""
+    tags = sorted({tag for r in results for tag in r.by_tag})
+    tagged = len(tags) > 1
+    header = ["router", "req (err)", "hit rate", "TTFT p50", "p90", "p99", "ITL p50",
+              "e2e p50", "req/s", "imbalance"]  # fmt: skip
+    if tagged:
+        header.append("TTFT p90 " + "/".join(tags))
+    rows = [header]
+    for r in results:
+        row = [
+            r.router, f"{r.requests} ({r.errors})", f"{r.hit_rate:.1%}",
+            _ms(r.ttft_ms["p50"]), _ms(r.ttft_ms["p90"]), _ms(r.ttft_ms["p99"]),
+            _ms(r.itl_ms["p50"]), _ms(r.e2e_ms["p50"]), f"{r.throughput_rps:.2f}",
+            f"{r.imbalance:.2f}",
+        ]  # fmt: skip
+        if tagged:
+            row.append(" / ".join(_ms(r.by_tag.get(t, {}).get("ttft_p90", math.nan)) for t in tags))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for index, row in enumerate(rows):
+        cells = [row[0].ljust(widths[0])]
+        cells += [cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells))
+        if index == 0:
+            lines.append("-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def title(first: RunResult) -> str:
+    load = "closed loop" if first.load is None else f"load {first.load:.0%} of ideal capacity"
+    rate = f", {first.rate_rps:.1f} req/s offered" if first.rate_rps else ""
+    return f"workload {first.workload}, {load}{rate} (latencies in model ms)"
+
+
+def check_targets(results: Sequence[RunResult]) -> list[str]:
+    """Issue 8's targets, where this run has what they compare."""
+    by = {r.router: r for r in results}
+    best = by.get("prefix-cache")
+    if best is None or not results:
+        return []
+    lines: list[str] = []
+    workload = results[0].workload
+    others = [r for r in results if r.router not in ("prefix-cache", ORACLE)]
+    if workload == "chat":
+        if others:
+            top_hit = max(r.hit_rate for r in others)
+            low_p90 = min(r.ttft_ms["p90"] for r in others)
+            lines.append(_mark(best.hit_rate >= top_hit, "highest hit rate of non-oracle routers",
+                               f"{best.hit_rate:.1%} vs best other {top_hit:.1%}"))  # fmt: skip
+            ours = best.ttft_ms["p90"]
+            lines.append(_mark(ours <= low_p90, "lowest TTFT p90 of non-oracle",
+                               f"{ours:,.0f} vs best other {low_p90:,.0f} ms"))  # fmt: skip
+        if "round-robin" in by:
+            ratio = by["round-robin"].ttft_ms["p90"] / best.ttft_ms["p90"]
+            lines.append(_mark(ratio >= 3, "TTFT p90 ≥ 3× lower than round-robin", f"{ratio:.1f}×"))
+        if ORACLE in by and by[ORACLE].hit_rate > 0:
+            share = best.hit_rate / by[ORACLE].hit_rate
+            lines.append(_mark(share >= 0.9, "hit rate ≥ 90 % of the oracle's", f"{share:.0%}"))
+    if workload == "unique" and "least-request" in by:
+        base = by["least-request"]
+        for label, ours, theirs in (
+            ("TTFT p90", best.ttft_ms["p90"], base.ttft_ms["p90"]),
+            ("TTFT p50", best.ttft_ms["p50"], base.ttft_ms["p50"]),
+        ):
+            change = ours / theirs - 1 if theirs else math.nan
+            lines.append(_mark(change <= 0.05, f"{label} within 5 % of least-request",
+                               f"{change:+.1%}"))  # fmt: skip
+    return lines
+
+
+def _mark(ok: bool, what: str, figure: str) -> str:
+    return f"  {'✓' if ok else '✗'} {what}: {figure}"
+
+
+def plot_all(
+    out_dir: Path, results: Sequence[RunResult], records: dict[str, list[float]]
+) -> list[Path]:
+    """TTFT CDF per router (per workload), hit rate and TTFT p90 vs load, engine shares."""
+    paths = [_plot_cdf(out_dir / "ttft_cdf.png", results, records)]
+    if len({r.load for r in results}) > 1:
+        paths.append(_plot_vs_load(out_dir / "hit_rate_vs_load.png", results))
+    paths.append(_plot_share(out_dir / "engine_share.png", results))
+    return paths
+
+
+def _key(result: RunResult) -> str:
+    return f"{result.workload}|{result.router}|{result.load}"
+
+
+def _plot_cdf(path: Path, results: Sequence[RunResult], ttfts: dict[str, list[float]]) -> Path:
+    plt = pyplot(path)
+    workloads = sorted({r.workload for r in results})
+    figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    for axis, workload in zip(axes[0], workloads, strict=True):
+        loads = sorted({r.load or 0.0 for r in results if r.workload == workload})
+        shown = min(loads, key=lambda x: abs(x - 0.8))  # the headline load
+        for r in results:
+            values = sorted(ttfts.get(_key(r), []))
+            if r.workload != workload or (r.load or 0.0) != shown or not values:
+                continue
+            axis.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=r.router)
+        axis.set_xscale("log")
+        axis.set_xlabel("TTFT, model ms (log)")
+        axis.set_ylabel("fraction of requests")
+        axis.set_title(f"{workload}: TTFT CDF at load {shown:.0%}")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _plot_vs_load(path: Path, results: Sequence[RunResult]) -> Path:
+    plt = pyplot(path)
+    workloads = sorted({r.workload for r in results})
+    figure, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
+    for column, workload in enumerate(workloads):
+        for router in dict.fromkeys(r.router for r in results if r.workload == workload):
+            points = sorted(
+                (r.load or 0.0, r.hit_rate * 100, r.ttft_ms["p90"])
+                for r in results
+                if r.workload == workload and r.router == router
+            )
+            loads = [p[0] * 100 for p in points]
+            axes[0][column].plot(loads, [p[1] for p in points], marker="o", label=router)
+            axes[1][column].plot(loads, [p[2] for p in points], marker="o", label=router)
+        axes[0][column].set_title(f"{workload}: prompt-cache hit rate vs offered load")
+        axes[0][column].set_ylabel("hit rate, %")
+        axes[1][column].set_title(f"{workload}: TTFT p90 vs offered load")
+        axes[1][column].set_ylabel("TTFT p90, model ms (log)")
+        axes[1][column].set_yscale("log")
+        for axis in (axes[0][column], axes[1][column]):
+            axis.set_xlabel("offered load, % of ideal fleet capacity")
+            axis.grid(True, alpha=0.3)
+            axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _plot_share(path: Path, results: Sequence[RunResult]) -> Path:
+    plt = pyplot(path)
+    shown = [r for r in results if r.load is None or abs((r.load or 0) - _headline(results)) < 1e-9]
+    workloads = sorted({r.workload for r in shown})
+    figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
+    for axis, workload in zip(axes[0], workloads, strict=True):
+        runs = [r for r in shown if r.workload == workload]
+        engines = sorted({e for r in runs for e in r.engine_share})
+        width = 0.8 / max(1, len(engines))
+        for index, engine in enumerate(engines):
+            xs = [i + index * width for i in range(len(runs))]
+            axis.bar(xs, [r.engine_share.get(engine, 0) * 100 for r in runs], width)
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(runs))])
+        axis.set_xticklabels([r.router for r in runs], rotation=30, ha="right", fontsize=8)
+        if engines:
+            axis.axhline(100 / len(engines), color="black", linewidth=0.8, linestyle="--")
+        axis.set_ylabel("share of requests, % (one bar per engine)")
+        axis.set_title(f"{workload}: per-engine load share")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _headline(results: Sequence[RunResult]) -> float:
+    loads = sorted({r.load for r in results if r.load is not None})
+    return min(loads, key=lambda x: abs(x - 0.8)) if loads else 0.0

@@ -1,0 +1,172 @@
+"""The routers under test, each started as its own process on a free loopback port.
+
+- `prefix-cache`, `least-request`, `round-robin`, `random`: `kvgate serve --policy NAME`
+  (a fresh gateway per run, so no index or session state leaks from the previous router);
+  ready when every KV-event subscriber is live and whole.
+- `oracle`: `python -m bench.routing.oracle` (see oracle.py).
+- `sglang-router`, `vllm-router` (`--peers`): the PyPI packages in their own venvs under
+  `bench/.venvs/NAME` (created on first use with pip), both with `--policy cache_aware`.
+  `HF_HUB_OFFLINE=1`: sglang-router tries to load the tokenizer named by the worker's
+  `/model_info` (`sim-model`), which is not on any hub; offline, it gives up at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from bench.demo.fleet import EngineEndpoint, die_with_parent, free_port_block
+from bench.demo.gateway import AdminClient
+
+KVGATE_POLICIES = ("prefix-cache", "least-request", "round-robin", "random")
+PEERS = ("sglang-router", "vllm-router")
+VENVS = Path(__file__).resolve().parent.parent / ".venvs"
+
+
+class RouterError(RuntimeError):
+    """A router did not start (its log tail is in the message)."""
+
+
+@dataclass(slots=True)
+class RouterProcess:
+    name: str
+    command: list[str]
+    log_path: Path
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    admin_token: str | None = None
+    _process: asyncio.subprocess.Process | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    async def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._process = await asyncio.create_subprocess_exec(
+            *self.command,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        )
+
+    async def wait_ready(self, client: httpx.AsyncClient, timeout_s: float = 60.0) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not await self._ready(client):
+                    if self._process is not None and self._process.returncode is not None:
+                        raise RouterError(f"{self.name} exited: {self.log_tail()}")
+                    await asyncio.sleep(0.1)
+        except TimeoutError as exc:
+            raise RouterError(f"{self.name} not ready in {timeout_s} s: {self.log_tail()}") from exc
+        if self.admin_token is not None:  # kvgate: every subscriber live, whole, empty
+            admin = AdminClient(client, self.url, self.admin_token)
+            await admin.wait_whole(empty=True, timeout_s=timeout_s)
+
+    async def _ready(self, client: httpx.AsyncClient) -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            if (await client.get(f"{self.url}/health", timeout=2.0)).status_code != 200:
+                return False
+            if self.name in PEERS:  # workers registered: the model is listed
+                models = await client.get(f"{self.url}/v1/models", timeout=2.0)
+                return models.status_code == 200 and bool(models.json().get("data"))
+            return True
+        return False
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), grace_s)
+            except TimeoutError:
+                _signal_group(process.pid, signal.SIGKILL)
+                await process.wait()
+            _signal_group(process.pid, signal.SIGKILL)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def make_router(
+    name: str,
+    pods_file: Path,
+    endpoints: Sequence[EngineEndpoint],
+    log_dir: Path,
+    rng: random.Random,
+) -> RouterProcess:
+    port = free_port_block(2, rng)
+    log = log_dir / f"router-{name}.log"
+    if name in KVGATE_POLICIES:
+        token = secrets.token_urlsafe(12)
+        command = [
+            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods_file),
+            "--port", str(port), "--policy", name, "--log-level", "warning",
+        ]  # fmt: skip
+        return RouterProcess(name, command, log, port, {"KVGATE_ADMIN_TOKEN": token}, token)
+    if name == "oracle":
+        command = [sys.executable, "-m", "bench.routing.oracle", str(pods_file), str(port)]
+        return RouterProcess(name, command, log, port)
+    if name in PEERS:
+        workers = [endpoint.url for endpoint in endpoints]
+        metrics = ["--prometheus-port", str(port + 1), "--prometheus-host", "127.0.0.1"]
+        common = ["--worker-urls", *workers, "--policy", "cache_aware",
+                  "--host", "127.0.0.1", "--port", str(port), *metrics]  # fmt: skip
+        python = str(ensure_venv(name) / "bin" / "python")
+        if name == "sglang-router":
+            command = [python, "-m", "sglang_router.launch_router", *common, "--log-level", "warn"]
+        else:
+            command = [str(VENVS / name / "bin" / "vllm-router"), *common,
+                       "--log-level", "warning"]  # fmt: skip
+        return RouterProcess(name, command, log, port, {"HF_HUB_OFFLINE": "1"})
+    raise ValueError(f"unknown router {name!r}")
+
+
+def ensure_venv(package: str) -> Path:
+    """`bench/.venvs/PACKAGE` with PACKAGE installed from PyPI (created on first use)."""
+    venv = VENVS / package
+    marker = venv / ".installed"
+    if marker.exists():
+        return venv
+    print(f"installing {package} into {venv} (first use)", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", package],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    marker.write_text(package + "\n")
+    return venv

@@ -1,0 +1,236 @@
+"""`kvgate bench routing`, start to finish.
+
+Per workload: build the script, size and start the engines (one process each), then for
+every offered load and every router, one after the other on the same fleet: reset every
+engine's prefix cache, start the router (its own process), run the load generator (its
+own process), read the engines' counters before and after, stop the router. Then the
+table, the target checks, JSON and PNGs under `out_dir`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.demo.engine_stats import deltas, read_counters
+from bench.demo.gateway import AdminClient, write_pods_file
+from bench.results_io import write_json
+from bench.routing.fleet import EngineProcesses, FleetPlan, capacity_rps, plan_fleet, urls
+from bench.routing.loadgen import LoadSpec
+from bench.routing.report import check_targets, format_table, plot_all, title
+from bench.routing.routers import make_router
+from bench.routing.script import Script
+from bench.routing.summary import RunResult, summarize
+from bench.routing.workloads import WorkloadSize, build
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingOptions:
+    workloads: list[str]
+    routers: list[str]
+    engines: int
+    loads: list[float]
+    """Offered loads, fractions of the fleet's ideal capacity (open loop)."""
+    mode: str
+    concurrency: int
+    size: WorkloadSize
+    time_scale: float | None
+    """None: per workload, so that its ideal capacity is `wall_rate` requests per wall
+    second (the machine's budget), whatever the workload's request sizes."""
+    seed: int
+    out_dir: Path
+    wall_rate: float = 40.0
+    slack: float = 1.5
+    quiet: bool = False
+
+
+def run_routing(options: RoutingOptions) -> int:
+    return asyncio.run(_main(options))
+
+
+async def _main(options: RoutingOptions) -> int:
+    results: list[RunResult] = []
+    ttfts: dict[str, list[float]] = {}
+    plans: dict[str, dict[str, Any]] = {}
+    rng = random.Random()
+    logs = options.out_dir / "logs"
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        for workload in options.workloads:
+            script = build(workload, options.size, options.seed)
+            plan = plan_fleet(script, options.engines, 1.0, slack=options.slack)
+            capacity = capacity_rps(script, plan)
+            scale = options.time_scale or options.wall_rate / capacity
+            plan = dataclasses.replace(plan, time_scale=scale)
+            plans[workload] = _describe(script, plan, capacity)
+            _say(options, _intro(script, plan, capacity))
+            engines = EngineProcesses(plan, logs / workload, options.seed)
+            try:
+                await engines.start(rng)
+                pods = write_pods_file(logs / workload / "pods.json", engines.endpoints)
+                points = options.loads if options.mode == "open" else [None]
+                for load in points:
+                    rate = (load or 0.0) * capacity
+                    point: list[RunResult] = []
+                    for router in options.routers:
+                        result, values = await _run_one(
+                            options, client, script, plan, engines, pods, router, load, rate
+                        )
+                        point.append(result)
+                        ttfts[f"{workload}|{router}|{load}"] = values
+                        _say(options, _line(result))
+                    results.extend(point)
+                    print(f"\n{title(point[0])}")
+                    print(format_table(point))
+                    targets = check_targets(point)
+                    if targets:
+                        print("targets (issue 8):")
+                        print("\n".join(targets))
+            finally:
+                await engines.stop()
+    document = {
+        "options": {**dataclasses.asdict(options), "out_dir": str(options.out_dir)},
+        "fleets": plans,
+        "runs": [r.as_json() for r in results],
+    }
+    paths = [write_json(options.out_dir / "routing.json", document)]
+    paths += plot_all(options.out_dir, results, ttfts)
+    print("\nresults: " + ", ".join(str(p) for p in paths))
+    return 1 if any(r.errors for r in results) else 0
+
+
+async def _run_one(
+    options: RoutingOptions,
+    client: httpx.AsyncClient,
+    script: Script,
+    plan: FleetPlan,
+    engines: EngineProcesses,
+    pods: Path,
+    router_name: str,
+    load: float | None,
+    rate: float,
+) -> tuple[RunResult, list[float]]:
+    endpoints = engines.endpoints
+    await AdminClient(client, "", "").reset_engine_caches(urls(endpoints))
+    logs = options.out_dir / "logs" / script.name
+    router = make_router(router_name, pods, endpoints, logs, random.Random())
+    await router.start()
+    try:
+        await router.wait_ready(client)
+        before = await read_counters(client, endpoints)
+        spec = LoadSpec(
+            router_url=router.url,
+            model=endpoints[0].model,
+            workload=script.name,
+            size=options.size,
+            seed=options.seed,
+            mode=options.mode,
+            rate=rate,
+            concurrency=options.concurrency,
+            time_scale=plan.time_scale,
+        )
+        cpu_before = (engines.cpu_seconds(), _cpu(router.pid), time.perf_counter())
+        records = await _load(spec, logs / f"load-{router_name}-{load}")
+        wall = time.perf_counter() - cpu_before[2]
+        cpu = {
+            "engines": (engines.cpu_seconds() - cpu_before[0]) / wall,
+            "router": (_cpu(router.pid) - cpu_before[1]) / wall,
+        }
+        after = await read_counters(client, endpoints)
+    finally:
+        await router.stop()
+    result = summarize(
+        workload=script.name,
+        router=router_name,
+        load=load,
+        rate_rps=rate,
+        records=records,
+        engines=deltas(after, before),
+        time_scale=plan.time_scale,
+    )
+    result = dataclasses.replace(result, cpu_cores=cpu)
+    ttfts = [r["ttft_s"] * plan.time_scale * 1e3 for r in records if r["ttft_s"] is not None]
+    return result, ttfts
+
+
+async def _load(spec: LoadSpec, stem: Path) -> list[dict[str, Any]]:
+    """The load generator in its own process; its records."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = stem.with_suffix(".spec.json"), stem.with_suffix(".records.json")
+    spec_path.write_text(json.dumps(spec.to_json()))
+    with stem.with_suffix(".log").open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.routing.loadgen", str(spec_path), str(out_path),
+            stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            code = await process.wait()
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
+    if code != 0:
+        raise RuntimeError(f"load generator failed ({code}): see {stem.with_suffix('.log')}")
+    records: list[dict[str, Any]] = json.loads(out_path.read_text())
+    out_path.unlink()
+    return records
+
+
+def _cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) of `pid` and its reaped children; 0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any]:
+    return {
+        "requests": script.requests,
+        "conversations": len(script.conversations),
+        "working_set_tokens": script.working_set_tokens(),
+        "engines": plan.engines,
+        "gpu_blocks_per_engine": plan.gpu_blocks,
+        "engine_share_of_working_set": plan.gpu_blocks * 16 / script.working_set_tokens(),
+        "time_scale": plan.time_scale,
+        "max_batch": plan.max_batch,
+        "latency": dataclasses.asdict(plan.latency),
+        "ideal_capacity_rps": capacity,
+    }
+
+
+def _intro(script: Script, plan: FleetPlan, capacity: float) -> str:
+    working = script.working_set_tokens()
+    return (
+        f"\n== workload {script.name}: {script.requests} requests in "
+        f"{len(script.conversations)} conversations, working set {working:,} tokens; "
+        f"{plan.engines} engines × {plan.gpu_blocks} blocks "
+        f"({plan.gpu_blocks * 16 / working:.0%} of it each), time scale {plan.time_scale:g}, "
+        f"ideal capacity {capacity:.1f} req/s (model time)"
+    )
+
+
+def _line(result: RunResult) -> str:
+    return (
+        f"  {result.router:<14} {result.requests} req, {result.errors} err, "
+        f"hit {result.hit_rate:.1%}, TTFT p90 {result.ttft_ms['p90']:,.0f} ms, "
+        f"{result.duration_s:.1f} s wall, cpu engines {result.cpu_cores.get('engines', 0):.2f} "
+        f"router {result.cpu_cores.get('router', 0):.2f}"
+    )
+
+
+def _say(options: RoutingOptions, message: str) -> None:
+    if not options.quiet:
+        print(message, file=sys.stderr, flush=True)

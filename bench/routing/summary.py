@@ -1,0 +1,118 @@
+"""One run's figures: client side (from the load generator's records) and engine side
+(from each engine's own `/metrics`, read before and after the run).
+
+Latencies are measured in wall time and reported in model time (wall × time scale, the
+time the modelled GPU would take); rates likewise per model second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bench.demo.engine_stats import EngineCounters, hit_rate
+from bench.results_io import percentile
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    workload: str
+    router: str
+    load: float | None
+    """Offered load as a fraction of the fleet's ideal capacity (None: closed loop)."""
+    rate_rps: float
+    """Offered requests per model second (open loop; 0 for closed loop)."""
+    requests: int
+    errors: int
+    ttft_ms: dict[str, float]
+    """p50 / p90 / p99 / mean, model ms."""
+    itl_ms: dict[str, float]
+    """p50 / p90 over requests of each request's mean inter-token gap, model ms."""
+    e2e_ms: dict[str, float]
+    throughput_rps: float
+    """Answered requests per model second, first request sent to last answer received."""
+    output_tokens_per_s: float
+    hit_rate: float
+    """Engines: prompt tokens served from the prefix cache / prompt tokens looked up."""
+    client_cached_fraction: float
+    engine_share: dict[str, float]
+    """Each engine's share of the requests it finished."""
+    imbalance: float
+    """Busiest engine's requests / the mean per engine (1.0 = perfectly even)."""
+    by_tag: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per traffic class: requests, TTFT p50 / p90 (model ms)."""
+    duration_s: float = 0.0
+    """Wall seconds of the run."""
+    first_errors: list[str] = field(default_factory=list)
+    cpu_cores: dict[str, float] = field(default_factory=dict)
+    """Cores busy during the run: the engine processes together, the router process."""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _stats(values: Sequence[float], scale_ms: float) -> dict[str, float]:
+    if not values:
+        return {"p50": math.nan, "p90": math.nan, "p99": math.nan, "mean": math.nan}
+    return {
+        "p50": percentile(values, 50) * scale_ms,
+        "p90": percentile(values, 90) * scale_ms,
+        "p99": percentile(values, 99) * scale_ms,
+        "mean": sum(values) / len(values) * scale_ms,
+    }
+
+
+def summarize(
+    *,
+    workload: str,
+    router: str,
+    load: float | None,
+    rate_rps: float,
+    records: Sequence[Mapping[str, Any]],
+    engines: Mapping[str, EngineCounters],
+    time_scale: float,
+) -> RunResult:
+    ok = [r for r in records if r["error"] is None and r["ttft_s"] is not None]
+    scale_ms = time_scale * 1e3
+    ttfts = [r["ttft_s"] for r in ok]
+    if records:
+        first = min(r["started"] for r in records)
+        last = max(r["started"] + r["e2e_s"] for r in records)
+        duration = last - first
+    else:
+        duration = 0.0
+    model_duration = duration * time_scale
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    finished = {name: c.requests for name, c in sorted(engines.items())}
+    total = sum(finished.values())
+    share = {name: n / total if total else 0.0 for name, n in finished.items()}
+    mean = total / len(finished) if finished else 0.0
+    by_tag: dict[str, dict[str, float]] = {}
+    for tag in sorted({r["tag"] for r in records}):
+        tagged = [r["ttft_s"] for r in ok if r["tag"] == tag]
+        stats = _stats(tagged, scale_ms)
+        by_tag[tag] = {"requests": len(tagged), "ttft_p50": stats["p50"], "ttft_p90": stats["p90"]}
+    return RunResult(
+        workload=workload,
+        router=router,
+        load=load,
+        rate_rps=rate_rps,
+        requests=len(records),
+        errors=len(records) - len(ok),
+        ttft_ms=_stats(ttfts, scale_ms),
+        itl_ms=_stats([r["itl_s"] for r in ok if r["itl_s"] is not None], scale_ms),
+        e2e_ms=_stats([r["e2e_s"] for r in ok], scale_ms),
+        throughput_rps=len(ok) / model_duration if model_duration > 0 else 0.0,
+        output_tokens_per_s=(
+            sum(r["completion_tokens"] for r in ok) / model_duration if model_duration else 0.0
+        ),
+        hit_rate=hit_rate(engines),
+        client_cached_fraction=sum(r["cached_tokens"] for r in ok) / prompt if prompt else 0.0,
+        engine_share=share,
+        imbalance=max(finished.values()) / mean if mean else math.nan,
+        by_tag=by_tag,
+        duration_s=duration,
+        first_errors=[r["error"] for r in records if r["error"] is not None][:3],
+    )

@@ -1,0 +1,106 @@
+"""uvicorn's httptools protocol with the two bounds it lacks: header size and header time.
+
+uvicorn's h11 protocol refuses a request whose headers exceed 16 KiB, but the httptools
+one (the C parser kvgate uses for speed) accepts headers of any size and waits forever for
+headers that never end: one slow client could hold a connection, or memory, without
+limit. This subclass answers 431 when a request's URL + headers exceed `max_header_bytes`,
+and closes a connection that has not completed a request's headers within
+`header_timeout_s` (from its opening, or from the start of each request on a kept-alive
+connection). The request body's own deadline is the app's (`KVGATE_BODY_TIMEOUT`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+class HeaderTooLarge(Exception):
+    """Raised from the parser callback to stop parsing an oversized request."""
+
+
+_RESPONSE_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 31\r\n"
+    b"connection: close\r\n"
+    b"\r\n"
+    b"Request header fields too large"
+)
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    max_header_bytes = 32 * 1024
+    header_timeout_s = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_bytes = 0
+        self._header_overflow = False
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+        self._start_header_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)  # ": " and CRLF, as on the wire
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        # The parser reports our callback's exception as a parse error: answer 431 instead.
+        if self._header_overflow:
+            self.transport.write(_RESPONSE_431)
+            self.transport.close()
+            return
+        super().send_400_response(msg)
+
+    def _count(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self.max_header_bytes:
+            self._header_overflow = True
+            raise HeaderTooLarge(f"request headers exceed {self.max_header_bytes} bytes")
+
+    def _start_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def bounded_protocol(
+    *, max_header_bytes: int, header_timeout_s: float
+) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class for `uvicorn.Config(http=...)` with these bounds."""
+    return type(
+        "BoundedHttpToolsProtocol",
+        (BoundedHttpToolsProtocol,),
+        {"max_header_bytes": max_header_bytes, "header_timeout_s": header_timeout_s},
+    )

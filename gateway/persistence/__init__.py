@@ -1,0 +1,20 @@
+"""Index snapshots: periodic per-pod files, start-up restore and resume, peer bootstrap."""
+
+from gateway.persistence.files import SnapshotDir, file_name
+from gateway.persistence.lifecycle import restore_snapshots, snapshot_writer
+from gateway.persistence.metrics import SnapshotMetrics
+from gateway.persistence.peer import bootstrap_from_peer
+from gateway.persistence.snapshots import SnapshotRestorer, capture_pod
+from gateway.persistence.writer import SnapshotWriter
+
+__all__ = [
+    "SnapshotDir",
+    "SnapshotMetrics",
+    "SnapshotRestorer",
+    "SnapshotWriter",
+    "bootstrap_from_peer",
+    "capture_pod",
+    "file_name",
+    "restore_snapshots",
+    "snapshot_writer",
+]

@@ -1,0 +1,99 @@
+"""The periodic snapshot writer: every pod whose index moved since its last snapshot.
+
+Taking a snapshot is synchronous on the event loop (that is what makes it consistent);
+encoding and the file I/O run in a thread. A write abandoned by cancellation finishes in
+its thread and `close` waits for it before the final snapshot, so an older snapshot can
+never replace a newer one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from gateway.persistence.files import SnapshotDir
+from gateway.persistence.metrics import SnapshotMetrics
+from indexer import PodSnapshot, encode_snapshot
+
+logger = logging.getLogger(__name__)
+
+
+class SnapshotWriter:
+    def __init__(
+        self,
+        directory: SnapshotDir,
+        *,
+        capture: Callable[[str], PodSnapshot | None],
+        pods: Callable[[], Iterable[str]],
+        metrics: SnapshotMetrics,
+        interval_s: float,
+        max_bytes: int,
+    ) -> None:
+        self._dir = directory
+        self._capture = capture
+        self._pods = pods
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._max_bytes = max_bytes
+        # pod -> (seq, digest, whole) of its last snapshot written (or refused as too large)
+        self._written: dict[str, tuple[int, int, bool]] = {}
+        self._inflight: asyncio.Future[None] | None = None
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            await self.write_all()
+
+    async def write_all(self) -> int:
+        """Write the snapshot of every pod whose index moved; remove those of pods that went
+        since (only those: a discovery that failed or has not answered yet must not wipe
+        the directory). Returns how many files were written."""
+        names = list(self._pods())
+        written = 0
+        for name in names:
+            snapshot = self._capture(name)
+            if snapshot is None:
+                continue  # being rebuilt: its last file (if any) is still a valid start
+            key = (snapshot.seq, snapshot.digest, snapshot.whole)
+            if self._written.get(name) == key:
+                continue
+            data = await asyncio.to_thread(encode_snapshot, snapshot)
+            if len(data) > self._max_bytes:
+                self._written[name] = key
+                self._metrics.writes.labels("too_large").inc()
+                logger.warning(
+                    "snapshot of pod %s not written: %d bytes > KVGATE_SNAPSHOT_MAX_BYTES=%d",
+                    name,
+                    len(data),
+                    self._max_bytes,
+                )
+                continue
+            try:
+                await self._write(name, data)
+            except OSError as exc:
+                self._metrics.writes.labels("error").inc()
+                logger.warning("snapshot of pod %s not written: %s", name, exc)
+                continue
+            self._written[name] = key
+            self._metrics.writes.labels("ok").inc()
+            written += 1
+        gone = set(self._written) - set(names)
+        if gone:
+            try:
+                await asyncio.to_thread(self._dir.remove, gone)
+            except OSError as exc:
+                logger.warning("snapshots of pods that went not removed: %s", exc)
+            for name in gone:
+                del self._written[name]
+        return written
+
+    async def close(self) -> None:
+        """The final snapshot, on a clean shutdown (after `run` was cancelled)."""
+        if self._inflight is not None:
+            await asyncio.wait([self._inflight])
+        await self.write_all()
+
+    async def _write(self, name: str, data: bytes) -> None:
+        self._inflight = asyncio.ensure_future(asyncio.to_thread(self._dir.write, name, data))
+        await asyncio.shield(self._inflight)

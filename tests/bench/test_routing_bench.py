@@ -1,0 +1,128 @@
+"""`kvgate bench routing`: deterministic workload generators, fleet sizing, the oracle's
+view of real engines, and a tiny end-to-end run (2 engines, a few dozen requests).
+
+Behaviour only: timings and the size of any improvement are never asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import zmq.asyncio
+
+from bench.routing.fleet import capacity_rps, plan_fleet
+from bench.routing.oracle import Engine, Oracle
+from bench.routing.workloads import WORKLOADS, WorkloadSize, build
+from tests.conftest import StartEngine
+from tests.helpers import eventually
+
+SMALL = WorkloadSize(
+    conversations=5, turns=3, system_words=64, user_words_median=20, answer_tokens_median=6
+)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_generators_are_deterministic_per_seed(name: str) -> None:
+    first, again, other = build(name, SMALL, 7), build(name, SMALL, 7), build(name, SMALL, 8)
+    assert first == again
+    assert first != other
+    assert first.requests > 0 and first.working_set_tokens() > 0
+
+
+def test_chat_turns_extend_the_previous_prompt_and_share_system_prompts() -> None:
+    script = build("chat", SMALL, 1)
+    for conversation in script.conversations:
+        assert conversation.shared_prefix in script.shared_prefixes
+        for earlier, later in zip(conversation.turns, conversation.turns[1:], strict=False):
+            assert later.messages[: len(earlier.messages)] == earlier.messages
+            assert later.messages[len(earlier.messages)]["role"] == "assistant"
+    systems = {c.turns[0].messages[0]["content"] for c in script.conversations}
+    assert 1 <= len(systems) <= 4 < len(script.conversations) + 1
+
+
+def test_agent_loops_append_tool_output() -> None:
+    script = build("agent", SMALL, 2)
+    longest = max(script.conversations, key=lambda c: len(c.turns))
+    assert len(longest.turns) > SMALL.turns  # many short steps
+    last = longest.turns[-1].messages
+    assert [m["role"] for m in last[2:4]] == ["assistant", "tool"]
+
+
+def test_unique_prompts_share_nothing_and_vip_flood_mixes_both() -> None:
+    unique = build("unique", SMALL, 3)
+    heads = {" ".join(c.turns[0].messages[0]["content"].split()[:12]) for c in unique.conversations}
+    assert len(heads) == unique.requests and not unique.shared_prefixes
+    mixed = build("vip-flood", SMALL, 3)
+    assert mixed.tags() == ["flood", "vip"]
+    vips = [c for c in mixed.conversations if c.tag == "vip"]
+    assert {c.turns[0].messages[0]["content"] for c in vips} == {
+        vips[0].turns[0].messages[0]["content"]
+    }
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_fleet_holds_the_working_set_but_one_engine_at_most_a_quarter(name: str) -> None:
+    script = build(name, WorkloadSize(), 0)
+    plan = plan_fleet(script, 8, 1.0)
+    tokens = plan.gpu_blocks * 16
+    assert tokens * 8 >= script.working_set_tokens()
+    assert tokens <= script.working_set_tokens() / 4 + 16
+    assert capacity_rps(script, plan) > 0
+
+
+async def test_oracle_sees_what_each_engine_caches(start_engine: StartEngine) -> None:
+    engines = [await start_engine(name=f"o{i}") for i in range(2)]
+    oracle = Oracle(
+        [Engine(s.engine.config.name, s.url, s.engine.publisher.events_endpoint) for s in engines]
+    )
+    context = zmq.asyncio.Context()
+    ready = asyncio.Event()
+    listener = asyncio.create_task(oracle.listen(context, ready))
+    try:
+        await ready.wait()
+        await asyncio.sleep(0.2)  # ZMQ subscriptions propagate before the first event
+        body = {"model": "sim-model", "messages": [{"role": "user", "content": "the " * 80}]}
+        keys = oracle.keys(body)
+        async with httpx.AsyncClient(timeout=10) as client:
+            response = await client.post(
+                f"{engines[1].url}/v1/chat/completions", json={**body, "max_tokens": 2}
+            )
+            assert response.status_code == 200
+        await eventually(lambda: oracle.engines[1].matched(keys) == len(keys), what="stored")
+        assert oracle.engines[0].matched(keys) == 0
+        assert all(oracle.pick(keys) is oracle.engines[1] for _ in range(5))
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        context.term()
+
+
+def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) -> None:
+    command = [
+        sys.executable, "-m", "gateway.cli", "bench", "routing", "--quick", "--engines", "2",
+        "--workloads", "chat", "--routers", "prefix-cache,round-robin,oracle",
+        "--time-scale", "4", "--out", str(tmp_path), "--quiet",
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "TTFT p50" in out.stdout and "hit rate" in out.stdout
+    for name in ("prefix-cache", "round-robin", "oracle"):
+        assert name in out.stdout
+    document = json.loads((tmp_path / "routing.json").read_text())
+    runs = {run["router"]: run for run in document["runs"]}
+    assert set(runs) == {"prefix-cache", "round-robin", "oracle"}
+    expected = document["fleets"]["chat"]["requests"]
+    for run in runs.values():
+        assert run["requests"] == expected and run["errors"] == 0
+        assert run["hit_rate"] > 0  # the shared system prompts hit on any engine
+        assert sum(run["engine_share"].values()) == pytest.approx(1.0)
+    for png in ("ttft_cdf.png", "engine_share.png"):
+        assert (tmp_path / png).stat().st_size > 0
