@@ -176,23 +176,22 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
 async def _generated_before_client_left(sim: SimRequest, request: Request) -> bool:
     """Wait for the whole answer, unless the client disconnects first (like vLLM's
     `with_cancellation`: a non-streamed request is aborted when its client goes)."""
+    left = False
 
-    async def drain() -> None:
-        while await sim.stream.get() is not None:
-            pass
-
-    async def client_left() -> None:
+    async def watch_client() -> None:
+        nonlocal left
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        left = True
+        sim.stream.put_nowait(None)  # ends the wait below at once
 
-    generation = asyncio.ensure_future(drain())
-    watch = asyncio.ensure_future(client_left())
+    watch = asyncio.ensure_future(watch_client())
     try:
-        await asyncio.wait((generation, watch), return_when=asyncio.FIRST_COMPLETED)
+        while await sim.stream.get() is not None:
+            pass
     finally:
-        generation.cancel()
         watch.cancel()
-    return generation.done() and not generation.cancelled()
+    return not left
 
 
 def _sse(payload: dict[str, Any]) -> str:
