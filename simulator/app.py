@@ -11,7 +11,7 @@ and break things; `probes.py` adds what external routers probe (`/server_info`,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -30,13 +30,12 @@ from simulator.openai_api import (
     RequestError,
     check_model,
     error_response,
+    guarded,
     handle_generation,
     prompt_tokens,
     read_json,
 )
 from simulator.probes import probe_routes
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 class _CutConnections:
@@ -49,16 +48,6 @@ class _CutConnections:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         with contextlib.suppress(MidstreamCloseError):
             await self.app(scope, receive, send)
-
-
-def _guarded(handler: Handler) -> Handler:
-    async def wrapper(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except RequestError as exc:
-            return error_response(str(exc), exc.status, exc.param)
-
-    return wrapper
 
 
 def _hash_list(body: dict[str, Any]) -> list[Any]:
@@ -166,21 +155,21 @@ def create_app(engine: SimEngine) -> Starlette:
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/tokenize", _guarded(tokenize), methods=["POST"]),
-        Route("/detokenize", _guarded(detokenize), methods=["POST"]),
-        Route("/v1/completions", _guarded(completions), methods=["POST"]),
-        Route("/v1/chat/completions", _guarded(chat_completions), methods=["POST"]),
+        Route("/tokenize", guarded(tokenize), methods=["POST"]),
+        Route("/detokenize", guarded(detokenize), methods=["POST"]),
+        Route("/v1/completions", guarded(completions), methods=["POST"]),
+        Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/load", load, methods=["GET"]),
         Route("/sim/cache", sim_cache, methods=["GET"]),
         Route("/sim/stats", sim_stats, methods=["GET"]),
-        Route("/sim/faults", _guarded(sim_faults), methods=["POST"]),
+        Route("/sim/faults", guarded(sim_faults), methods=["POST"]),
         *probe_routes(engine),
     ]
     if engine.config.flavor == "sglang":
         routes += [
-            Route("/hicache/pin_blocks", _guarded(pin_blocks), methods=["POST"]),
-            Route("/hicache/unpin_blocks", _guarded(unpin_blocks), methods=["POST"]),
+            Route("/hicache/pin_blocks", guarded(pin_blocks), methods=["POST"]),
+            Route("/hicache/unpin_blocks", guarded(unpin_blocks), methods=["POST"]),
             Route("/flush_cache", flush_cache, methods=["POST", "GET"]),
         ]
     else:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -33,6 +33,21 @@ class RequestError(ValueError):
         super().__init__(message)
         self.status = status
         self.param = param
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def guarded(handler: Handler) -> Handler:
+    """`handler` with its `RequestError`s answered as OpenAI-style errors."""
+
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except RequestError as exc:
+            return error_response(str(exc), exc.status, exc.param)
+
+    return wrapper
 
 
 def error_response(message: str, status: int, param: str | None = None) -> JSONResponse:

@@ -11,7 +11,6 @@ real engines use, so either router accepts it as a worker.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -19,13 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from simulator.engine import SimEngine
-from simulator.openai_api import (
-    RequestError,
-    check_model,
-    error_response,
-    prompt_tokens,
-    read_json,
-)
+from simulator.openai_api import check_model, guarded, prompt_tokens, read_json
 
 
 def server_info(engine: SimEngine) -> dict[str, Any]:
@@ -67,9 +60,6 @@ def model_info(engine: SimEngine) -> dict[str, Any]:
         "model_type": "sim",
         "architectures": ["SimForCausalLM"],
     }
-
-
-Handler = Callable[[Request], Awaitable[Response]]
 
 
 def probe_routes(engine: SimEngine) -> list[Route]:
@@ -121,15 +111,6 @@ def probe_routes(engine: SimEngine) -> list[Route]:
         body = await read_json(request)
         check_model(engine, body)
         return JSONResponse(rendered(body, prompt_tokens(engine, body, chat=True)))
-
-    def guarded(handler: Handler) -> Handler:
-        async def wrapper(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RequestError as exc:
-                return error_response(str(exc), exc.status, exc.param)
-
-        return wrapper
 
     return [
         Route("/server_info", server, methods=["GET"]),

@@ -21,7 +21,7 @@ from typing import IO
 
 import httpx
 
-from bench.demo.fleet import die_with_parent
+from bench.processes import die_with_parent, log_tail
 
 MODEL = "sim-model"
 _START_TIMEOUT_S = 30.0
@@ -131,11 +131,7 @@ class _Child:
         self._close_log()
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+        return log_tail(self.log_path, lines)
 
 
 async def _wait_http(url: str, child: _Child, timeout_s: float) -> None:

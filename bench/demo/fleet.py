@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import random
 import re
-import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -24,9 +22,10 @@ from typing import IO
 
 import httpx
 
+from bench.processes import die_with_parent, log_tail, stop_group
+
 _LINE = re.compile(r"^sim (\S+): http (\S+) model=(\S+) events=(\S+) replay=(\S+)")
 _PORT_LOW, _PORT_HIGH = 20_000, 32_000  # below the ephemeral range (32768+)
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +66,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
-
-
-def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class SimFleet:
@@ -164,23 +157,13 @@ class SimFleet:
                     await asyncio.sleep(0.05)
 
     def _log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+        return log_tail(self.log_path, lines)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """End the engine process group; idempotent."""
         process, self._process = self._process, None
         if process is not None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), grace_s)
-            except TimeoutError:
-                _signal_group(process.pid, signal.SIGKILL)
-                await process.wait()
-            _signal_group(process.pid, signal.SIGKILL)  # anything left in the group
+            await stop_group(process, grace_s)
         if self._drain is not None:
             self._drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -190,11 +173,6 @@ class SimFleet:
             self._log.close()
             self._log = None
         self.endpoints = []
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def engine_urls(endpoints: Sequence[EngineEndpoint]) -> list[str]:

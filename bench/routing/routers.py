@@ -17,7 +17,6 @@ import contextlib
 import os
 import random
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -27,8 +26,9 @@ from typing import IO
 
 import httpx
 
-from bench.demo.fleet import EngineEndpoint, die_with_parent, free_port_block
+from bench.demo.fleet import EngineEndpoint, free_port_block
 from bench.demo.gateway import AdminClient
+from bench.processes import die_with_parent, log_tail, stop_group
 
 KVGATE_POLICIES = ("prefix-cache", "least-request", "round-robin", "random")
 PEERS = ("sglang-router", "vllm-router")
@@ -95,30 +95,15 @@ class RouterProcess:
         return False
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+        return log_tail(self.log_path, lines)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         process, self._process = self._process, None
         if process is not None:
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), grace_s)
-            except TimeoutError:
-                _signal_group(process.pid, signal.SIGKILL)
-                await process.wait()
-            _signal_group(process.pid, signal.SIGKILL)
+            await stop_group(process, grace_s)
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 def make_router(
