@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from indexer.block import tier_from_masks
+from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
 
 
@@ -93,3 +93,46 @@ class IndexStats:
     evicted_contexts: int
     expired_expected: int
     eviction_runs: int
+
+
+def match_prefix(
+    store: PrefixStore | None, bits: dict[str, int], prefix_hashes: Sequence[int], now: float
+) -> MatchResult:
+    """For each candidate (name -> pod bit, 0 if unknown), how many blocks of `store` from
+    the prompt's start it holds.
+
+    Walks the prompt's blocks once, keeping the mask of candidates still matching, and
+    stops as soon as none is.
+    """
+    alive = 0
+    for bit in bits.values():
+        alive |= bit
+    if store is None or alive == 0 or not prefix_hashes:
+        return MatchResult(len(prefix_hashes), dict.fromkeys(bits, 0), bits)
+    store.last_access = now
+    get = store.blocks.get
+    ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
+    tiered: list[tuple[int, tuple[int, ...]]] = []
+    index = 0
+    for gw_hash in prefix_hashes:
+        block = get(gw_hash)
+        if block is None:
+            break
+        held = block.held & alive
+        if held != alive:
+            if not held:
+                break
+            ends.append((index, alive ^ held))
+            alive = held
+        block.last_access = now
+        if block.masks is not None:
+            tiered.append((index, tuple(block.masks)))
+        index += 1
+    ends.append((index, alive))
+    matched = dict.fromkeys(bits, 0)
+    for name, bit in bits.items():
+        for length, mask in ends:
+            if mask & bit:
+                matched[name] = length
+                break
+    return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered))

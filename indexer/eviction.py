@@ -1,0 +1,129 @@
+"""Keeping the index bounded: the caps on contexts and on blocks per context (LRU), and
+the periodic eviction pass that also expires router-side entries."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping
+from operator import attrgetter
+
+from indexer.block import Block, PrefixStore
+from indexer.config import IndexLimits
+from indexer.expected import ExpectedEntries
+from indexer.holdings import Holdings
+from indexer.pod import PodState, blocks_of
+from indexer.types import REAL_TIERS, ModelContext
+
+_EVICT_TO = 0.9  # a store over its cap is trimmed to 90% of it, so trims are rare
+_last_access = attrgetter("last_access")
+
+
+class Evictor:
+    """Owns the table's stores' lifetimes: creates them, trims them, drops them."""
+
+    __slots__ = (
+        "_expected",
+        "_holdings",
+        "_limits",
+        "_next_run",
+        "_pods",
+        "_stores",
+        "evicted_blocks",
+        "evicted_contexts",
+        "runs",
+    )
+
+    def __init__(
+        self,
+        limits: IndexLimits,
+        stores: dict[ModelContext, PrefixStore],
+        pods: Mapping[str, PodState],
+        holdings: Holdings,
+        expected: ExpectedEntries,
+        now: float,
+    ) -> None:
+        self._limits = limits
+        self._stores = stores  # the table's stores: this class adds and drops them
+        self._pods = pods  # the table's registered pods (their entries are swept here)
+        self._holdings = holdings
+        self._expected = expected
+        self._next_run = now + limits.eviction_interval_s
+        self.evicted_blocks = 0
+        self.evicted_contexts = 0
+        self.runs = 0
+
+    def tick(self, now: float) -> None:
+        """Called on every call into the table: the pass when it is due, else expiry."""
+        if now >= self._next_run:
+            self.run(now)
+        else:
+            self._expected.expire(now)
+
+    def run(self, now: float) -> None:
+        """The eviction pass: expire router-side entries, enforce every cap."""
+        self._expected.expire(now)
+        cap = self._limits.max_prefixes_per_context
+        for store in list(self._stores.values()):
+            if len(store.blocks) > cap:
+                self.trim(store)
+        while len(self._stores) > self._limits.max_contexts:
+            oldest = min(self._stores.values(), key=_last_access)
+            self._drop_store(oldest)
+        self._next_run = now + self._limits.eviction_interval_s
+        self.runs += 1
+
+    def store_for(self, context: ModelContext, now: float) -> PrefixStore:
+        """The store of `context`; a new one may push out the least recently used other."""
+        stores = self._stores
+        store = stores.get(context)
+        if store is None:
+            store = stores[context] = PrefixStore(context, now)
+            while len(stores) > self._limits.max_contexts:
+                oldest = min((s for s in stores.values() if s is not store), key=_last_access)
+                self._drop_store(oldest)
+        return store
+
+    def trim(self, store: PrefixStore) -> None:
+        """Evict the least recently used blocks of a store over its cap."""
+        keep = int(self._limits.max_prefixes_per_context * _EVICT_TO)
+        excess = len(store.blocks) - keep
+        if excess <= 0:
+            return
+        # Oldest first; among equally old blocks the newest inserted first, which takes a
+        # chain from its tail (children are created after their parents): a tail left
+        # without its root could never be matched.
+        newest_first = reversed(store.blocks.values())
+        if self._kill_all(heapq.nsmallest(excess, newest_first, key=_last_access)):
+            self._sweep_dead_refs()
+
+    def _drop_store(self, store: PrefixStore) -> None:
+        orphaned = self._kill_all(list(store.blocks.values()))
+        del self._stores[store.context]
+        self.evicted_contexts += 1
+        if orphaned:
+            self._sweep_dead_refs()
+
+    def _kill_all(self, blocks: list[Block]) -> int:
+        """Evict `blocks` for every pod; returns how many pod entries point at them."""
+        kill = self._holdings.kill
+        orphaned = sum(kill(block) for block in blocks)
+        self.evicted_blocks += len(blocks)
+        return orphaned
+
+    def _sweep_dead_refs(self) -> None:
+        """Drop pod entries that point at evicted blocks, so memory stays bounded."""
+        unlink = self._holdings.unlink
+        for state in self._pods.values():
+            for tier in REAL_TIERS:
+                entries = state.entries[tier]
+                dead = [h for h, t in entries.items() if any(b.store is None for b in blocks_of(t))]
+                for engine_hash in dead:
+                    target = entries.pop(engine_hash)
+                    state.copies[tier].pop(engine_hash, None)
+                    state.size -= 1
+                    for block in blocks_of(target):
+                        if block.store is not None:  # a multi-block entry partly evicted
+                            unlink(state, block, tier)
+                refs = state.extra_refs[tier]
+                for block in [b for b in refs if b.store is None]:
+                    del refs[block]

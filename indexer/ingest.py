@@ -1,0 +1,302 @@
+"""Applying what an engine reports about one pod to its entries: BlockStored and
+BlockRemoved events, or a snapshot of the entries (`PodIndexState`).
+
+Engine hashes are opaque and per pod; the gateway hashes come from the events' token
+ids, chained from the gateway hash of the parent engine block, re-chunked to the gateway
+block size (engine blocks may be a multiple of it, or a fraction: see `Partial`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from indexer.block import Block
+from indexer.config import IndexLimits
+from indexer.eviction import Evictor
+from indexer.hashing import PrefixHasher
+from indexer.holdings import Holdings
+from indexer.pod import Partial, PodState, Target, blocks_of
+from indexer.snapshot import PodIndexState
+from indexer.types import EngineHash, StoredBlocksEvent, Tier
+
+_GPU = Tier.GPU
+
+
+def _stands_for(target: Target, gateway_hashes: list[int], first: int, count: int) -> bool:
+    """Whether an indexed engine entry stands for gateway_hashes[first:first+count]."""
+    if isinstance(target, Block):
+        return count == 1 and target.store is not None and target.gw_hash == gateway_hashes[first]
+    return len(target) == count and all(
+        block.store is not None and block.gw_hash == gateway_hashes[first + j]
+        for j, block in enumerate(target)
+    )
+
+
+class Ingest:
+    """Writes pods' real entries, within the per-pod cap, and counts what it turns down."""
+
+    __slots__ = (
+        "_evictor",
+        "_hasher",
+        "_holdings",
+        "_limits",
+        "broken_events",
+        "rejected",
+        "remapped",
+        "unknown_removals",
+    )
+
+    def __init__(
+        self, hasher: PrefixHasher, limits: IndexLimits, holdings: Holdings, evictor: Evictor
+    ) -> None:
+        self._hasher = hasher
+        self._limits = limits
+        self._holdings = holdings
+        self._evictor = evictor
+        self.rejected: Counter[str] = Counter()
+        """Blocks not indexed, by reason, over all pods."""
+        self.broken_events = 0
+        self.remapped = 0
+        """Engine hashes re-stored with other content (the old mapping was replaced)."""
+        self.unknown_removals = 0
+
+    def stored(self, state: PodState, event: StoredBlocksEvent, now: float) -> int:
+        """Index a BlockStored event of `state`; returns the engine blocks applied."""
+        engine_hashes = event.block_hashes
+        count = len(engine_hashes)
+        if count == 0:
+            return 0
+        hasher = self._hasher
+        gateway_block = hasher.block_size
+        engine_block = event.block_size or gateway_block
+        tokens = event.token_ids
+        if len(tokens) != count * engine_block:
+            return self.reject(state, "token_count_mismatch", count)
+        if engine_block % gateway_block and gateway_block % engine_block:
+            return self.reject(state, "block_size_mismatch", count)
+        parent = event.parent_block_hash
+        chain = (hasher.seed, ()) if parent is None else state.lookup_chain(parent)
+        if chain is None or (engine_block >= gateway_block and chain[1]):
+            self.broken_events += 1
+            return self.reject(state, "broken_chain", count)
+        if engine_block < gateway_block:
+            return self._small_blocks(state, event, engine_block, chain, now)
+        per_engine = engine_block // gateway_block
+        parent_gw = chain[0]
+        try:
+            gateway_hashes = hasher.chain(parent_gw, tokens)
+        except ValueError:
+            return self.reject(state, "bad_token_ids", count)
+
+        tier = Tier.from_medium(event.medium)
+        store = self._evictor.store_for(state.context(event.lora_id, event.lora_name), now)
+        entries = state.entries[tier]
+        copies = state.copies[tier]
+        blocks = store.blocks
+        get_block = blocks.get
+        holdings = self._holdings
+        link = holdings.link
+        on_gpu = tier is _GPU
+        bit = state.bit
+        room = self._limits.max_blocks_per_pod - state.size
+        partials = state.partials[tier]
+        applied = 0
+        new_pairs = 0  # of the inlined common case; added to holdings.pairs after the loop
+        for i, engine_hash in enumerate(engine_hashes):
+            if partials and partials.pop(engine_hash, None) is not None:  # partial → full
+                self.remapped += 1
+                copies.pop(engine_hash, None)
+                room += 1
+            old = entries.get(engine_hash)
+            if old is not None:
+                first = i * per_engine
+                if _stands_for(old, gateway_hashes, first, per_engine):
+                    copies[engine_hash] = copies.get(engine_hash, 0) + 1  # another copy
+                    for block in blocks_of(old):
+                        block.last_access = now
+                    applied += 1
+                    continue
+                # The engine stored this hash again for other content (a hash collision, or
+                # an engine that hashes pages without their parents): the old entry goes
+                # first, so a block it shares with the new content is not dropped under it.
+                self.remapped += 1
+                holdings.drop_entry(state, tier, engine_hash, old)
+                room += 1
+            if room <= 0:
+                self.reject(state, "pod_limit", count - i)
+                break
+            room -= 1
+            target: Target
+            if per_engine == 1:
+                gw_hash = gateway_hashes[i]
+                existing = get_block(gw_hash)
+                if existing is None:
+                    block = blocks[gw_hash] = Block(gw_hash, store, now)
+                else:
+                    block = existing
+                    block.last_access = now
+                entries[engine_hash] = block
+                if on_gpu and block.masks is None and not block.held & bit:
+                    # The common case, inlined: a block new to this pod, on GPU only.
+                    block.held |= bit
+                    new_pairs += 1
+                    applied += 1
+                    continue
+                target = block
+            else:
+                target = tuple(
+                    store.get_or_create(h, now)
+                    for h in gateway_hashes[i * per_engine : (i + 1) * per_engine]
+                )
+                for block in target:
+                    block.last_access = now
+                entries[engine_hash] = target
+            link(state, target, tier)
+            applied += 1
+        holdings.pairs += new_pairs
+        state.size = self._limits.max_blocks_per_pod - room  # drop_entry's updates included
+        store.last_access = now
+        if len(store.blocks) > self._limits.max_prefixes_per_context:
+            self._evictor.trim(store)
+        return applied
+
+    def _small_blocks(
+        self,
+        state: PodState,
+        event: StoredBlocksEvent,
+        engine_block: int,
+        chain: tuple[int, tuple[int, ...]],
+        now: float,
+    ) -> int:
+        """Engine blocks smaller than gateway blocks: every `gateway / engine` of them make one
+        gateway block; the ones in between are kept as partials so their children chain on."""
+        tokens = event.token_ids
+        count = len(event.block_hashes)
+        hasher = self._hasher
+        try:
+            hasher.chain(0, tokens, block_size=len(tokens))  # validates every token id
+        except ValueError:
+            return self.reject(state, "bad_token_ids", count)
+        tier = Tier.from_medium(event.medium)
+        store = self._evictor.store_for(state.context(event.lora_id, event.lora_name), now)
+        entries, partials, copies = state.entries[tier], state.partials[tier], state.copies[tier]
+        holdings = self._holdings
+        gateway_block = hasher.block_size
+        parent_gw, pending = chain
+        applied = 0
+        limit = self._limits.max_blocks_per_pod
+        for i, engine_hash in enumerate(event.block_hashes):
+            if state.size >= limit and engine_hash not in entries and engine_hash not in partials:
+                self.reject(state, "pod_limit", count - i)
+                break
+            pending = pending + tuple(tokens[i * engine_block : (i + 1) * engine_block])
+            record: Block | Partial
+            if len(pending) == gateway_block:
+                record = store.get_or_create(hasher.chain(parent_gw, pending)[0], now)
+                record.last_access = now
+                parent_gw, pending = record.gw_hash, ()
+                same = entries.get(engine_hash) is record
+            else:
+                record = Partial(parent_gw, pending)
+                same = partials.get(engine_hash) == record
+            if same:
+                copies[engine_hash] = copies.get(engine_hash, 0) + 1
+                applied += 1
+                continue
+            old = entries.get(engine_hash)
+            if old is not None:
+                self.remapped += 1
+                holdings.drop_entry(state, tier, engine_hash, old)
+            elif partials.pop(engine_hash, None) is not None:
+                self.remapped += 1
+                copies.pop(engine_hash, None)
+                state.size -= 1
+            state.size += 1
+            if isinstance(record, Block):
+                entries[engine_hash] = record
+                holdings.link(state, record, tier)
+            else:
+                partials[engine_hash] = record
+            applied += 1
+        store.last_access = now
+        if len(store.blocks) > self._limits.max_prefixes_per_context:
+            self._evictor.trim(store)
+        return applied
+
+    def removed(
+        self, state: PodState, block_hashes: Iterable[EngineHash], medium: str | None
+    ) -> int:
+        """Apply a BlockRemoved of `state`; returns how many hashes it was known to hold."""
+        tier = Tier.from_medium(medium)
+        entries = state.entries[tier]
+        copies = state.copies[tier]
+        unlink = self._holdings.unlink
+        known = 0
+        partials = state.partials[tier]
+        for engine_hash in block_hashes:
+            target = entries.get(engine_hash)
+            if target is None and engine_hash not in partials:
+                self.unknown_removals += 1
+                continue
+            known += 1
+            extra = copies.get(engine_hash)
+            if extra:
+                if extra == 1:
+                    del copies[engine_hash]
+                else:
+                    copies[engine_hash] = extra - 1
+                continue
+            state.size -= 1
+            if target is None:
+                del partials[engine_hash]
+                continue
+            del entries[engine_hash]
+            for block in blocks_of(target):
+                unlink(state, block, tier)
+        return known
+
+    def restore(self, state: PodState, index: PodIndexState, now: float) -> int:
+        """Add the entries of `index` to an empty `state`; returns the entries restored."""
+        limit = self._limits.max_blocks_per_pod
+        holdings = self._holdings
+        restored = 0
+        for group in index.groups:
+            store = self._evictor.store_for(state.context(None, group.lora), now)
+            entries, copies = state.entries[group.tier], state.copies[group.tier]
+            for engine_hash, gw_hashes, extra in group.records:
+                if not gw_hashes or engine_hash in entries:
+                    continue
+                if state.size >= limit:
+                    self.reject(state, "pod_limit", 1)
+                    continue
+                blocks = tuple(store.get_or_create(gw_hash, now) for gw_hash in gw_hashes)
+                target: Target = blocks[0] if len(blocks) == 1 else blocks
+                entries[engine_hash] = target
+                if extra:
+                    copies[engine_hash] = extra
+                holdings.link(state, target, group.tier)
+                state.size += 1
+                restored += 1
+            if len(store.blocks) > self._limits.max_prefixes_per_context:
+                self._evictor.trim(store)
+        for record in index.partials:
+            partials = state.partials[record.tier]
+            engine_hash = record.engine_hash
+            if engine_hash in partials or engine_hash in state.entries[record.tier]:
+                continue
+            if state.size >= limit:
+                self.reject(state, "pod_limit", 1)
+                continue
+            partials[engine_hash] = Partial(record.parent_gw, record.pending)
+            if record.copies:
+                state.copies[record.tier][engine_hash] = record.copies
+            state.size += 1
+            restored += 1
+        return restored
+
+    def reject(self, state: PodState, reason: str, blocks: int) -> int:
+        """Count `blocks` of `state` not indexed for `reason`; returns 0 (none applied)."""
+        self.rejected[reason] += blocks
+        state.rejected[reason] = state.rejected.get(reason, 0) + blocks
+        return 0
