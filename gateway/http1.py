@@ -230,7 +230,8 @@ class Exchange:
     async def response(self) -> None:
         """Wait for the status line and headers."""
         try:
-            await asyncio.wait_for(self._headers_done, self._read_timeout_s)
+            async with asyncio.timeout(self._read_timeout_s):  # not wait_for: see replay.py
+                await self._headers_done
         except TimeoutError:
             error = ResponseTimeout(f"no answer within {self._read_timeout_s} s")
             self._fail(error)
@@ -381,15 +382,13 @@ class Http1Pool:
             connection.close()
         loop = asyncio.get_running_loop()
         try:
-            transport, connection = await asyncio.wait_for(
-                loop.create_connection(
+            async with asyncio.timeout(self._connect_timeout_s):
+                transport, connection = await loop.create_connection(
                     lambda: _Connection(origin, self._forget),
                     origin.host,
                     origin.port,
                     ssl=self._tls_context() if origin.tls else None,
-                ),
-                self._connect_timeout_s,
-            )
+                )
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"cannot connect to {origin.host}:{origin.port}: {exc!r}") from None
         connection.attach(transport)  # uvloop may call connection_made only later

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -135,6 +134,14 @@ class SubscriberManager:
 
     async def _stop(self, name: str) -> None:
         running = self._running.pop(name)
+        # Wait without swallowing our own caller's cancellation, and cancel again if the
+        # task lived on (a cancellation lost in a race must not hang shutdown).
         running.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running.task
+        await asyncio.wait({running.task}, timeout=1.0)
+        while not running.task.done():
+            logger.warning("kv events of %s: subscriber ignored a cancel; cancelling again", name)
+            running.task.cancel()
+            await asyncio.wait({running.task}, timeout=1.0)
+        if not running.task.cancelled() and running.task.exception() is not None:
+            logger.error("kv events of %s: subscriber ended with %r", name,
+                         running.task.exception())  # fmt: skip

@@ -41,7 +41,10 @@ async def fetch_replay(
             if len(entries) % 32 == 31:
                 await asyncio.sleep(0)  # replies already waiting would not suspend the loop
             try:
-                frames = await asyncio.wait_for(dealer.recv_multipart(), timeout_s)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+                # that races with the reply, and the subscriber would then never stop.
+                async with asyncio.timeout(timeout_s):
+                    frames = await dealer.recv_multipart()
             except TimeoutError:
                 raise ReplayUnavailableError(
                     f"no answer from {endpoint} within {timeout_s} s"

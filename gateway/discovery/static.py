@@ -62,8 +62,9 @@ class StaticFileDiscovery:
         await sync_pods(listener, current, load_pods_file(self.path))
         ready.set()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reload_now.wait(), self._poll_interval_s)
+            with contextlib.suppress(TimeoutError):  # not wait_for: it can lose a cancel on 3.11
+                async with asyncio.timeout(self._poll_interval_s):
+                    await self._reload_now.wait()
             forced = self._reload_now.is_set()
             self._reload_now.clear()
             new_stamp = self._stamp()
