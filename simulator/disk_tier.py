@@ -108,7 +108,8 @@ class DiskTier:
         """Drain pending writes (bounded), then write the index with the shutdown status."""
         clean = True
         try:
-            await asyncio.wait_for(self._drain(), drain_timeout)
+            async with asyncio.timeout(drain_timeout):  # not wait_for: it can lose a cancel
+                await self._drain()
         except TimeoutError:
             clean = False
             logger.error("disk tier writer did not drain within %.1fs", drain_timeout)
