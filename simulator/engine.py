@@ -241,6 +241,7 @@ class SimEngine:
         if restart is not None:
             async with self._publish_lock:
                 if restart["wipe_cache"]:
+                    self.scheduler.kill_all()  # a restarted engine has no requests either
                     self.cache.reset()
                     self.events.take_batch()  # a restarted engine starts empty, silently
                 await self.publisher.restart()

@@ -6,7 +6,8 @@ Faults (any combination in one body):
 - `{"restart_publisher": true, "wipe_cache": false}`: new sockets, seq from 0, empty replay
   buffer (like an engine restart); the engine then announces every block it kept, as a
   restarted engine with a persistent tier does. With `wipe_cache` the cache is emptied,
-  silently, and nothing is announced.
+  silently, nothing is announced, and every running request ends as in a real restart
+  (streams are cut, non-streamed requests get a 503).
 - `{"stall_ms": ms, "seconds": s}`: for s seconds every engine step takes ms longer.
 - `{"fail_requests": N, "status": 503}`: the next N generation requests fail with that status.
 - `{"close_midstream": N}`: the next N streaming responses are cut after their first chunk.

@@ -162,6 +162,8 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
     try:
         if not await _generated_before_client_left(sim, request):
             return Response(status_code=499)  # nobody is listening; the request is aborted
+        if sim.killed:
+            return error_response("the engine restarted (sim fault)", 503)
     finally:
         engine.finish(sim)
     text = engine.tokenizer.decode(sim.generated)
@@ -250,6 +252,8 @@ async def _stream(
             yield _sse(chunk(engine.tokenizer.decode([token]), "length" if done else None))
             if close_early:
                 raise MidstreamCloseError("sim fault: stream closed mid-way")
+        if sim.killed:  # the engine restarted: its connections drop
+            raise MidstreamCloseError("sim fault: the engine restarted")
         if include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(sim)})
         yield "data: [DONE]\n\n"

@@ -46,6 +46,8 @@ class SimRequest:
     first_token_at: float | None = None
     finished: bool = False
     aborted: bool = False
+    killed: bool = False
+    """Ended by an engine restart: its client gets a cut stream or an error, not an answer."""
 
     def next_token(self) -> int:
         return self.rng.choice(self.vocabulary)
@@ -99,6 +101,19 @@ class Scheduler:
         request.aborted = True
         self._wake.set()
 
+    def kill_all(self) -> int:
+        """End every request, as an engine restart does; returns how many there were."""
+        killed = 0
+        for request in [*self.waiting, *self.running]:
+            if request.aborted or request.finished:
+                continue
+            request.killed = request.aborted = True
+            killed += 1
+            if request in self.waiting:  # never admitted: nothing to release, tell it now
+                request.stream.put_nowait(None)
+        self._wake.set()
+        return killed
+
     def poke(self) -> None:
         """Run a step soon even when idle, so pending cache events get published."""
         self._wake.set()
@@ -131,6 +146,8 @@ class Scheduler:
         await self._sleep(delay)
         self.stats.steps += 1
         for request in admitted:
+            if request.killed:  # the engine restarted during its prefill: nothing was kept
+                continue
             if request.alloc is not None:
                 self.cache.commit(request.alloc, request.prompt)
             self._emit_token(request)

@@ -228,3 +228,43 @@ async def test_a_client_leaving_a_non_streamed_request_aborts_it(start_engine: S
         lambda: not engine.scheduler.running and not engine.scheduler.waiting,
         what="the request aborted",
     )
+
+
+async def test_a_restart_that_wipes_the_cache_ends_the_running_requests(
+    start_engine: StartEngine,
+) -> None:
+    """A restarted engine has neither cache nor requests: streams are cut, a non-streamed
+    request gets a 503 (a gateway retries it elsewhere), and nothing they computed is
+    stored after the wipe."""
+    server = await start_engine(latency=LatencyModel(time_scale=2.0))
+    engine = server.engine
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        body = {"prompt": SYSTEM, "max_tokens": 300}
+        plain = asyncio.ensure_future(client.post("/v1/completions", json=body))
+
+        async def streamed() -> bytes:
+            received = b""
+            stream_body = {**body, "prompt": "another " + SYSTEM, "stream": True}
+            async with client.stream("POST", "/v1/completions", json=stream_body) as response:
+                async for chunk in response.aiter_bytes():
+                    received += chunk
+            return received
+
+        stream = asyncio.ensure_future(streamed())
+        scheduler = engine.scheduler
+        await eventually(
+            lambda: (
+                len(scheduler.running) >= 1 and len(scheduler.running) + len(scheduler.waiting) == 2
+            ),
+            what="both in the engine",
+        )
+        restart = {"restart_publisher": True, "wipe_cache": True}
+        assert (await client.post("/sim/faults", json=restart)).status_code == 200
+        answer = await plain
+        assert answer.status_code == 503 and "restarted" in answer.json()["error"]["message"]
+        with pytest.raises(httpx.RemoteProtocolError):
+            await stream
+        await eventually(lambda: not engine.scheduler.running, what="requests ended")
+        assert (await client.get("/sim/cache")).json()["tiers"]["GPU"] == []
+        after = await client.post("/v1/completions", json={"prompt": "fresh", "max_tokens": 1})
+        assert after.status_code == 200
