@@ -69,10 +69,8 @@ class RequestTimeout(GatewayError):
     error_type = "invalid_request_error"
 
 
-class TooManyRequests(GatewayError):
-    status = 429
-    error_type = "rate_limit_error"
-    code = "rate_limit_exceeded"
+class RetryLater(GatewayError):
+    """An error the client may retry after `retry_after_s` (sent as Retry-After)."""
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message)
@@ -80,6 +78,12 @@ class TooManyRequests(GatewayError):
 
     def headers(self) -> dict[str, str]:
         return {"retry-after": str(self.retry_after_s)}
+
+
+class TooManyRequests(RetryLater):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
 
 
 class Unauthorized(GatewayError):
@@ -97,16 +101,9 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
-class NoRoutablePod(GatewayError):
+class NoRoutablePod(RetryLater):
     status = 503
     error_type = "service_unavailable"
-
-    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-    def headers(self) -> dict[str, str]:
-        return {"retry-after": str(self.retry_after_s)}
 
 
 class UpstreamError(GatewayError):

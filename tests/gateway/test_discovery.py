@@ -22,23 +22,8 @@ from gateway.discovery import (
     sync_pods,
 )
 from indexer import ConfigError
+from tests.gateway.discovery_listener import RecordingListener
 from tests.helpers import eventually
-
-
-class RecordingListener:
-    """A PodListener that keeps the pods it was told about and every call, in order."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, Pod] = {}
-        self.calls: list[tuple[str, str]] = []
-
-    async def upsert_pod(self, pod: Pod) -> None:
-        self.pods[pod.name] = pod
-        self.calls.append(("upsert", pod.name))
-
-    async def remove_pod(self, name: str) -> None:
-        del self.pods[name]
-        self.calls.append(("remove", name))
 
 
 def entry(name: str, port: int = 8000, **extra: Any) -> dict[str, Any]:

@@ -74,6 +74,18 @@ def entries(engines: list[EngineServer]) -> list[dict[str, Any]]:
     return [pod_entry(engine) for engine in engines]
 
 
+async def index_then_stop(
+    start_gateway: StartGateway, engines: list[EngineServer], snaps: Path, batches: int, tag: str
+) -> None:
+    """A gateway with snapshots follows `batches` requests per engine, then stops cleanly
+    (writing its final snapshots)."""
+    first = await start_gateway(engines=0, pods=entries(engines), snapshot_dir=snaps)
+    for engine in engines:
+        await send(engine, batches, tag)
+    await wait_equal(first, engines)
+    await first.server.stop()
+
+
 async def test_a_restarted_gateway_resumes_from_its_snapshots(
     start_engine: StartEngine, start_gateway: StartGateway, tmp_path: Path
 ) -> None:
@@ -106,11 +118,7 @@ async def test_a_snapshot_of_another_engine_incarnation_is_discarded_and_rebuilt
 ) -> None:
     engines = await start_fleet(start_engine)
     snaps = tmp_path / "snapshots"
-    first = await start_gateway(engines=0, pods=entries(engines), snapshot_dir=snaps)
-    for engine in engines:
-        await send(engine, 5, "old")
-    await wait_equal(first, engines)
-    await first.server.stop()
+    await index_then_stop(start_gateway, engines, snaps, 5, "old")
     restarted = engines[0]
     async with httpx.AsyncClient(base_url=restarted.url) as client:
         spec = {"restart_publisher": True, "wipe_cache": True}  # seq from 0, empty cache
@@ -180,11 +188,7 @@ async def test_damaged_snapshots_are_ignored_counted_and_rebuilt_by_replay(
 ) -> None:
     engines = await start_fleet(start_engine)
     snaps = tmp_path / "snapshots"
-    first = await start_gateway(engines=0, pods=entries(engines), snapshot_dir=snaps)
-    for engine in engines:
-        await send(engine, 3, "x")
-    await wait_equal(first, engines)
-    await first.server.stop()
+    await index_then_stop(start_gateway, engines, snaps, 3, "x")
     good = (snaps / file_name("e1")).read_bytes()
     (snaps / file_name("e1")).write_bytes(good[: len(good) // 2])  # a torn write
     (snaps / file_name("e0")).write_bytes(b"\x00" * 100)  # not a snapshot at all

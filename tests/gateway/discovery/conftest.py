@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from gateway.discovery import Pod
 from gateway.discovery.kubernetes import KubernetesDiscovery, load_api_client
 from gateway.discovery.kubewatch import WatchTiming
 from tests.gateway.discovery.kubeapi import TOKEN, FakeKubeAPI
+from tests.gateway.discovery_listener import RecordingListener
 
 NAMESPACE = "inference"
 MODEL = "sim-model"
@@ -30,22 +30,6 @@ FAST = WatchTiming(
     backoff_initial_s=0.05,
     backoff_max_s=0.2,
 )
-
-
-class RecordingListener:
-    """A PodListener that keeps the pods it was told about and every call, in order."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, Pod] = {}
-        self.calls: list[tuple[str, str]] = []
-
-    async def upsert_pod(self, pod: Pod) -> None:
-        self.pods[pod.name] = pod
-        self.calls.append(("upsert", pod.name))
-
-    async def remove_pod(self, name: str) -> None:
-        del self.pods[name]
-        self.calls.append(("remove", name))
 
 
 @dataclass
