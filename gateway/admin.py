@@ -19,6 +19,8 @@ from gateway.errors import BadRequest, NotFound, Unauthorized
 from gateway.persistence import capture_pod
 from gateway.registry import PodState
 from gateway.router import Kind
+from gateway.routing import Prediction
+from gateway.routing.cost import FEATURES
 from gateway.state import GatewayState, state_of
 from indexer import EngineHash, Tier, encode_snapshot
 
@@ -121,8 +123,10 @@ async def match(request: Request) -> Response:
     result = routed.request.match
     ranked = {state.name: rank for rank, state in enumerate(decision.ranking)}
     pods_view: dict[str, Any] = {}
+    predictions = routed.request.state.predictions
     for state in gateway.registry.serving(body["model"]):
         counts = result.tier_counts(state.name) if result is not None else {}
+        prediction = predictions.get(state.name)
         pods_view[state.name] = {
             "matched_blocks": routed.matched_blocks(state.name),
             "tiers": {tier.name: n for tier, n in counts.items() if n},
@@ -130,6 +134,8 @@ async def match(request: Request) -> Response:
             "scores": decision.components.get(state.name),
             "rank": ranked.get(state.name),
             "eligible": state.name in ranked,
+            "predicted_ttft_ms": None if prediction is None else prediction.ttft_s * 1e3,
+            "prediction": None if prediction is None else _prediction_view(prediction),
         }
     return JSONResponse(
         {
@@ -140,6 +146,17 @@ async def match(request: Request) -> Response:
             "pods": pods_view,
         }
     )
+
+
+def _prediction_view(prediction: Prediction) -> dict[str, Any]:
+    """The cost model's terms for one pod: inputs, learned coefficients, each term in ms."""
+    return {
+        "own_uncached_tokens": prediction.own_tokens,
+        "queued_prefill_tokens": prediction.queued_tokens,
+        "decoding_sequences": prediction.decoding,
+        "coefficients": dict(zip(FEATURES, prediction.coefficients, strict=True)),
+        "terms_ms": {name: value * 1e3 for name, value in prediction.terms().items()},
+    }
 
 
 async def snapshot(request: Request) -> Response:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,6 +21,7 @@ from gateway.state import GatewayState, state_of
 from subscriber import Phase
 
 POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
+SLO_TTFT_HEADER = "x-slo-ttft-ms"
 
 
 async def read_json(
@@ -93,7 +95,9 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))
     session = request.headers.get(gateway.settings.session_header)
-    routed = await gateway.router.route(kind, body, profile, session=session)
+    routed = await gateway.router.route(
+        kind, body, profile, session=session, slo_ttft_s=slo_ttft(request), body_bytes=len(raw)
+    )
     pin_turn = session_pin_hook(gateway, request.headers.get(PIN_HEADER), kind, body, routed,
                                 session)  # fmt: skip
     proxy_request = ProxyRequest(  # the client's own bytes go upstream, unchanged
@@ -108,29 +112,55 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     first = routed.decision.ranking[0]
 
     def on_attempt(state: PodState) -> None:
-        if state is not first:  # a retry: the blocks will be on this pod instead
-            router.expect(routed, state)
+        if state is not first:  # a retry: the blocks and the prefill go to this pod instead
+            router.dispatch(routed, state)
 
     def on_served(state: PodState) -> None:
         router.record_served(routed, state)
         if pin_turn is not None:  # x-kvgate-pin: pin the conversation on this pod
             pin_turn(state)
 
-    return await gateway.upstream.forward(  # type: ignore[return-value]  # an ASGI response
-        proxy_request,
-        routed.decision.ranking,
-        ClientWatch(request.receive),
-        on_attempt=on_attempt,
-        on_served=on_served,
-    )
+    try:
+        return await gateway.upstream.forward(  # type: ignore[return-value]  # ASGI response
+            proxy_request,
+            routed.decision.ranking,
+            ClientWatch(request.receive),
+            on_attempt=on_attempt,
+            on_served=on_served,
+            on_first_byte=lambda state: router.first_byte(routed, state),
+            on_done=lambda: router.finish(routed),
+        )
+    except BaseException:
+        router.finish(routed)
+        raise
+
+
+def slo_ttft(request: Request) -> float | None:
+    """The client's TTFT objective in seconds (`x-slo-ttft-ms`), or None."""
+    raw = request.headers.get(SLO_TTFT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise BadRequest(
+            f"{SLO_TTFT_HEADER} must be a positive number of milliseconds", param=SLO_TTFT_HEADER
+        )
+    return value / 1e3
 
 
 def _decision_headers(routed: Routed, state: PodState) -> dict[str, str]:
-    return {
+    headers = {
         "x-kvgate-policy": routed.decision.policy,
         "x-kvgate-prompt-blocks": str(routed.request.prompt_blocks),
         "x-kvgate-cached-blocks": str(routed.matched_blocks(state.name)),
     }
+    ticket = routed.ticket
+    if ticket is not None and ticket.pod == state.name:
+        headers["x-kvgate-predicted-ttft-ms"] = f"{ticket.prediction.ttft_s * 1e3:.2f}"
+    return headers
 
 
 async def chat_completions(request: Request) -> Response:

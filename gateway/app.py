@@ -39,8 +39,8 @@ from gateway.pinning.client import PinClient
 from gateway.pinning.manager import PinConfig, PinManager
 from gateway.proxy import ClientGone, Upstream, UpstreamCut
 from gateway.registry import PodRegistry
-from gateway.router import Router
-from gateway.routing import build_policies
+from gateway.router import Router, build_policies
+from gateway.routing import CostModel, PinLookup
 from gateway.scraper import MetricsScraper
 from gateway.settings import Settings
 from gateway.state import GatewayState
@@ -147,13 +147,19 @@ async def _start(
         if settings.use_remote_tokenizer
         else None
     )
+    cost = CostModel()
+    pin_lookup = PinLookup()
     router = Router(
         registry=registry,
         table=table,
         tokenizer=tokenizer,
-        policies=build_policies(settings, rng),
+        policies=build_policies(
+            settings, rng, cost=cost, pins=pin_lookup, timer=metrics.time_plugin
+        ),
         default_policy=settings.default_policy,
         metrics=metrics,
+        cost=cost,
+        pins=pin_lookup,
         max_prompt_tokens=settings.max_prompt_tokens,
     )
     metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None)
@@ -179,7 +185,7 @@ async def _start(
             interval_s=settings.pin_interval_s,
         ),
     )
-    router.affinity = pins.affinity
+    pin_lookup.affinity = pins.affinity
     stack.push_async_callback(pins.close)  # unpin all: after the tasks stop, before the client
     scraper = MetricsScraper(
         registry,

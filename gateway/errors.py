@@ -86,6 +86,13 @@ class TooManyRequests(RetryLater):
     code = "rate_limit_exceeded"
 
 
+class SloUnreachable(TooManyRequests):
+    """No pod is predicted to meet the request's TTFT objective and shedding is on
+    (`KVGATE_SLO_SHED`)."""
+
+    code = "slo_unreachable"
+
+
 class Unauthorized(GatewayError):
     status = 401
     error_type = "authentication_error"

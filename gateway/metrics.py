@@ -21,6 +21,11 @@ from subscriber import RejectCounter
 _LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
+_PLUGIN_BUCKETS = (5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1)
+_ERROR_BUCKETS = (
+    -5.0, -2.5, -1.0, -0.5, -0.25, -0.1, -0.05, -0.025, -0.01, 0.0,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+)  # fmt: skip
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -44,6 +49,28 @@ class GatewayMetrics:
             "Routing decision latency by stage (tokenize, match, decide, total)",
             ["stage"],
             buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.plugin_seconds = Histogram(
+            "kvgate_routing_plugin_seconds",
+            "Time each routing plugin (filter, scorer, picker, preference) took per decision",
+            ["plugin"],
+            buckets=_PLUGIN_BUCKETS,
+            registry=registry,
+        )
+        self._plugin_children: dict[str, Histogram] = {}
+        self.prediction_error = Histogram(
+            "kvgate_ttft_prediction_error_seconds",
+            "Observed minus predicted time to first byte of streamed answers, by pod",
+            ["pod"],
+            buckets=_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.slo = Counter(
+            "kvgate_slo_ttft",
+            "Requests with a TTFT objective (x-slo-ttft-ms), by outcome: predicted_met, "
+            "predicted_missed (at decision), observed_met, observed_missed (first byte), shed",
+            ["outcome"],
             registry=registry,
         )
         self.prompt_blocks = Counter(
@@ -134,6 +161,14 @@ class GatewayMetrics:
             ["reason"],
             registry=registry,
         )
+
+    def time_plugin(self, plugin: str, seconds: float) -> None:
+        """A routing plugin's time in one decision (children cached: this runs per plugin
+        per request)."""
+        child = self._plugin_children.get(plugin)
+        if child is None:
+            child = self._plugin_children[plugin] = self.plugin_seconds.labels(plugin)
+        child.observe(seconds)
 
     def watch_fleet(
         self,

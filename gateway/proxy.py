@@ -110,11 +110,15 @@ class Upstream:
         *,
         on_attempt: Callable[[PodState], None] | None = None,
         on_served: Callable[[PodState], None] | None = None,
+        on_first_byte: Callable[[PodState], None] | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> Relay:
         """Send to ranking[0], or ranking[1] if ranking[0] fails before answering.
 
         `on_attempt` hears of each pod tried, before the request is sent; `on_served` of the
-        pod whose answer goes back to the client."""
+        pod whose answer goes back to the client; `on_first_byte` when its first body byte
+        arrives; `on_done` when the relayed answer ends, however (not called when this
+        raises: the caller knows then)."""
         head = request.head()
         attempts = ranking[:2]
         metrics = self._metrics
@@ -155,7 +159,7 @@ class Upstream:
                     continue
                 if on_served is not None:
                     on_served(state)
-                return Relay(self, exchange, state, request, started, watch)
+                return Relay(self, exchange, state, request, started, watch, on_first_byte, on_done)
         except BaseException:
             watch.stop()
             raise
@@ -189,8 +193,12 @@ class Relay:
         request: ProxyRequest,
         started: float,
         watch: ClientWatch,
+        on_first_byte: Callable[[PodState], None] | None = None,
+        on_done: Callable[[], None] | None = None,
     ) -> None:
         self._upstream = upstream
+        self._on_first_byte = on_first_byte
+        self._on_done = on_done
         self._exchange = exchange
         self._state = state
         self._request = request
@@ -208,14 +216,14 @@ class Relay:
                 {"type": "http.response.start", "status": exchange.status, "headers": self.headers}
             )
             if exchange.complete:  # a small answer arrives whole with its headers
-                upstream.first_byte(state, self._started)
+                self._first_byte()
                 self._watch.stop()
                 await send({"type": "http.response.body", "body": exchange.take_body()})
                 return
             first = True
             async for chunk in exchange.chunks():
                 if first:
-                    upstream.first_byte(state, self._started)
+                    self._first_byte()
                     first = False
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             self._watch.stop()
@@ -234,6 +242,13 @@ class Relay:
             self._watch.stop()
             exchange.release()
             upstream.release(state, self._request, outcome)
+            if self._on_done is not None:
+                self._on_done()
+
+    def _first_byte(self) -> None:
+        self._upstream.first_byte(self._state, self._started)
+        if self._on_first_byte is not None:
+            self._on_first_byte(self._state)
 
 
 def _response_headers(upstream: Headers, state: PodState, request: ProxyRequest) -> Headers:

@@ -2,32 +2,51 @@
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod
+from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodRegistry, PodState
-from gateway.routing import Decision, RoutingProfile, RoutingRequest
+from gateway.routing import (
+    CostModel,
+    Decision,
+    LoadEstimator,
+    PinLookup,
+    PluginContext,
+    Prediction,
+    RoutingProfile,
+    RoutingRequest,
+    Ticket,
+    configured_profiles,
+    predict_all,
+)
+from gateway.routing.profile import PluginTimer
+from gateway.settings import Settings
 from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
 Kind = Literal["chat", "completion"]
-Affinity = Callable[[str, ModelContext, str | None, Sequence[int]], str | None]
-"""(model, context, session, prefix hashes) -> the pod the request should stay on."""
+_BODY_BYTES_PER_TOKEN = 4  # a prompt that was not tokenized is costed from its body's size
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Routed:
     decision: Decision
     request: RoutingRequest
     prefix_hashes: list[int]
+    ticket: Ticket | None = None
+    """The request's work on the pod it was sent to (the cost model's bookkeeping)."""
 
     def matched_blocks(self, pod: str) -> int:
         match = self.request.match
         return match.matched(pod) if match is not None else 0
+
+    def prediction(self, pod: str) -> Prediction | None:
+        return self.decision.predictions.get(pod)
 
 
 class Router:
@@ -40,19 +59,23 @@ class Router:
         policies: Mapping[str, RoutingProfile],
         default_policy: str,
         metrics: GatewayMetrics,
+        cost: CostModel,
+        pins: PinLookup,
         clock: Callable[[], float] = time.perf_counter,
         max_prompt_tokens: int | None = None,
     ) -> None:
         self._registry = registry
         self._table = table
+        self._block_size = table.config.block_size
         self._tokenizer = tokenizer
         self.policies = dict(policies)
         self.default_policy = default_policy
         self._metrics = metrics
+        self.cost = cost
+        self.pins = pins
+        """Where the pin manager plugs in its leases (the `pin-affinity` plugin reads it)."""
         self._clock = clock
         self._max_prompt_tokens = max_prompt_tokens
-        self.affinity: Affinity | None = None
-        """Set by the pin manager: the pod a pinned session or prefix must stay on."""
 
     def policy(self, name: str | None) -> RoutingProfile:
         if name is None:
@@ -72,10 +95,12 @@ class Router:
         profile: RoutingProfile,
         *,
         session: str | None = None,
+        slo_ttft_s: float | None = None,
+        body_bytes: int = 0,
         dry_run: bool = False,
     ) -> Routed:
         """Decide where `body` goes. A `dry_run` (the admin API's explanation) tokenizes even
-        for load-only policies and records nothing."""
+        for load-only policies, predicts every pod's TTFT and records nothing."""
         started = self._clock()
         model = body["model"]
         serving = self._registry.serving(model)
@@ -83,16 +108,12 @@ class Router:
             raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
         context = _context(model, serving)
         hashes: list[int] = []
+        tokens: list[int] | None = None
         if (profile.uses_prefix or dry_run) and self._tokenizer is not None:
             tokens = await self._tokenize(kind, body, serving)
             if tokens is not None:
                 self._check_prompt_length(kind, len(tokens))
-                try:
-                    hashes = self._table.prefix_hashes(tokens)
-                except ValueError:  # the client's own token ids, out of [0, 2**32)
-                    raise BadRequest(
-                        "prompt token ids must be integers in [0, 2**32)", param="prompt"
-                    ) from None
+                hashes = self._hashes(tokens)
         match_started = self._clock()
         match = (
             self._table.match(context, hashes, [state.name for state in serving])
@@ -100,10 +121,23 @@ class Router:
             else None
         )
         decided = self._clock()
-        request = RoutingRequest(model, context, len(hashes), match, session)
-        decision = profile.decide(request, serving)
-        if self.affinity is not None and decision.ranking:
-            _prefer(decision.ranking, self.affinity(model, context, session, hashes))
+        estimated = body_bytes // _BODY_BYTES_PER_TOKEN
+        request = RoutingRequest(
+            model,
+            context,
+            len(hashes),
+            match,
+            session,
+            prompt_tokens=len(tokens) if tokens is not None else estimated,
+            prefix_hashes=hashes,
+            slo_ttft_s=slo_ttft_s,
+            streamed=bool(body.get("stream")),
+        )
+        try:
+            decision = profile.decide(request, serving)
+        except SloUnreachable:
+            self._metrics.slo.labels("shed").inc()
+            raise
         finished = self._clock()
         observe = self._metrics.decision_seconds.labels
         observe("match").observe(decided - match_started)
@@ -112,11 +146,54 @@ class Router:
         if not decision.ranking:
             raise NoRoutablePod(f"no routable pod for model `{model}` right now")
         routed = Routed(decision, request, hashes)
-        if not dry_run:
+        if dry_run:
+            predict_all(self.cost, self._block_size, request, serving)
+        else:
             # Before any await: the next request of a burst must already see these blocks
-            # as expected on the chosen pod, long before its BlockStored arrives.
-            self.expect(routed, decision.ranking[0])
+            # as expected on the chosen pod, and this request's prefill queued there.
+            self.dispatch(routed, decision.ranking[0])
         return routed
+
+    def dispatch(self, routed: Routed, state: PodState) -> None:
+        """The request goes to `state` (first choice or retry): expect its blocks there
+        until the engine confirms, and queue its prefill in the cost model."""
+        if routed.prefix_hashes:
+            self._table.add_prefix(state.name, routed.request.context, routed.prefix_hashes)
+        if routed.ticket is not None:
+            self.cost.finish(routed.ticket)
+        prediction = predict_all(self.cost, self._block_size, routed.request, [state])[state.name]
+        routed.ticket = self.cost.start(prediction, streamed=routed.request.streamed)
+        slo = routed.request.slo_ttft_s
+        if slo is not None:
+            met = prediction.ttft_s <= slo
+            self._metrics.slo.labels("predicted_met" if met else "predicted_missed").inc()
+
+    def first_byte(self, routed: Routed, state: PodState) -> None:
+        """The chosen pod's first body byte came back: learn from the observed TTFT."""
+        ticket = routed.ticket
+        if ticket is None or ticket.pod != state.name:
+            return
+        observed = self.cost.first_byte(ticket)
+        if observed is None:
+            return
+        error = observed - ticket.prediction.ttft_s
+        self._metrics.prediction_error.labels(state.name).observe(error)
+        slo = routed.request.slo_ttft_s
+        if slo is not None:
+            self._metrics.slo.labels("observed_met" if observed <= slo else "observed_missed").inc()
+
+    def finish(self, routed: Routed) -> None:
+        """The exchange is over, however it ended."""
+        if routed.ticket is not None:
+            self.cost.finish(routed.ticket)
+
+    def _hashes(self, tokens: list[int]) -> list[int]:
+        try:
+            return self._table.prefix_hashes(tokens)
+        except ValueError:  # the client's own token ids, out of [0, 2**32)
+            raise BadRequest(
+                "prompt token ids must be integers in [0, 2**32)", param="prompt"
+            ) from None
 
     async def prompt(
         self, kind: Kind, body: Mapping[str, Any]
@@ -137,11 +214,6 @@ class Router:
                 "(KVGATE_MAX_PROMPT_TOKENS)",
                 param="messages" if kind == "chat" else "prompt",
             )
-
-    def expect(self, routed: Routed, state: PodState) -> None:
-        """The request goes to `state`: expect its blocks there until the engine confirms."""
-        if routed.prefix_hashes:
-            self._table.add_prefix(state.name, routed.request.context, routed.prefix_hashes)
 
     def record_served(self, routed: Routed, state: PodState) -> None:
         model = routed.request.model
@@ -175,14 +247,33 @@ class Router:
             self._metrics.decision_seconds.labels("tokenize").observe(self._clock() - started)
 
 
-def _prefer(ranking: list[PodState], name: str | None) -> None:
-    """Move the pod named `name` to the front if it is a candidate (it passed the filters)."""
-    if name is None or ranking[0].name == name:
-        return
-    for index, state in enumerate(ranking):
-        if state.name == name:
-            ranking.insert(0, ranking.pop(index))
-            return
+def build_policies(
+    settings: Settings,
+    rng: random.Random,
+    *,
+    cost: CostModel | None = None,
+    pins: PinLookup | None = None,
+    timer: PluginTimer | None = None,
+) -> dict[str, RoutingProfile]:
+    """The built-in policies with `settings.routing_config` laid over them."""
+    context = plugin_context(settings, rng, cost or CostModel(), pins or PinLookup())
+    return configured_profiles(settings.routing_config, settings.default_policy, context, timer)
+
+
+def plugin_context(
+    settings: Settings, rng: random.Random, cost: CostModel, pins: PinLookup
+) -> PluginContext:
+    """What every routing plugin of one gateway shares, with defaults from `settings`."""
+    return PluginContext(
+        rng=rng,
+        load=LoadEstimator(),
+        cost=cost,
+        pins=pins,
+        block_size=settings.index.block_size,
+        hot_spot_margin=settings.hot_spot_margin,
+        tier_weights=settings.tier_weights,
+        slo_shed=settings.slo_shed,
+    )
 
 
 def _context(model: str, serving: list[PodState]) -> ModelContext:

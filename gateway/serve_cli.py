@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import uvicorn
 
 from gateway.discovery import load_pods_file
 from gateway.http_protocol import bounded_protocol
+from gateway.router import build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import DISCOVERIES, POLICIES, Settings
 from indexer import ConfigError
@@ -31,8 +33,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="address to listen on (env KVGATE_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (env KVGATE_PORT, 8080)")
     parser.add_argument(
-        "--policy", choices=POLICIES, help="default routing policy (env KVGATE_DEFAULT_POLICY)"
+        "--policy",
+        help="default routing policy (env KVGATE_DEFAULT_POLICY): one of "
+        + ", ".join(POLICIES)
+        + " or a profile of the routing config",
     )
+    parser.add_argument(
+        "--routing-config", type=Path, metavar="FILE", help="routing profiles, TOML or YAML, "
+        "laid over the built-in policies (env KVGATE_ROUTING_CONFIG; docs/routing.md)",
+    )  # fmt: skip
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
@@ -47,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "default_policy": args.policy,
+        "routing_config": args.routing_config,
     }
     try:
         settings = Settings.load(os.environ, overrides)
@@ -54,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
             if settings.pods_file is None:
                 raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
             load_pods_file(settings.pods_file)  # a bad file stops start-up with its message
+        # A bad routing config (unknown plugin, bad parameter) stops start-up naming it.
+        build_policies(settings, random.Random())
         from gateway.app import create_app
 
         app = create_app(settings)

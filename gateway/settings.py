@@ -16,7 +16,11 @@ from indexer import ConfigError, IndexConfig, Tier
 
 logger = logging.getLogger(__name__)
 
-POLICIES = ("prefix-cache", "least-request", "round-robin", "random", "session")
+POLICIES = (
+    "prefix-cache", "predicted-latency", "prefix-share", "least-request", "round-robin", "random",
+    "session",
+)  # fmt: skip
+"""The built-in policies (gateway/routing/policies.toml); a routing config may add more."""
 ENGINES = ("vllm", "sglang")
 DISCOVERIES = ("static", "kubernetes")
 DEFAULT_TIER_WEIGHTS = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.STORAGE: 0.25, Tier.EXPECTED: 0.9}
@@ -36,6 +40,10 @@ class Settings:
     """Namespaces watched by Kubernetes discovery; empty: the gateway's own, else default."""
     k8s_label_selector: str = "model.aibrix.ai/name"
     default_policy: str = "prefix-cache"
+    routing_config: Path | None = None
+    """A routing config file (TOML or YAML) laid over the built-in policies."""
+    slo_shed: bool = False
+    """Answer 429 + Retry-After when no pod is predicted to meet a request's x-slo-ttft-ms."""
     use_remote_tokenizer: bool = True
     kv_event_sync: bool = True
     tokenizer_engine: str = "vllm"
@@ -88,7 +96,7 @@ class Settings:
     """A running gateway (http://host:port) whose index snapshots a new replica starts from."""
 
     def __post_init__(self) -> None:
-        if self.default_policy not in POLICIES:
+        if self.routing_config is None and self.default_policy not in POLICIES:
             raise ConfigError("KVGATE_DEFAULT_POLICY", self.default_policy, _one_of(POLICIES))
         if self.discovery not in DISCOVERIES:
             raise ConfigError("KVGATE_DISCOVERY", self.discovery, _one_of(DISCOVERIES))
@@ -118,9 +126,11 @@ class Settings:
         values["k8s_label_selector"] = reader.get(
             "KVGATE_K8S_LABEL_SELECTOR", str, "model.aibrix.ai/name", "a label selector"
         )
+        values["routing_config"] = reader.get("KVGATE_ROUTING_CONFIG", Path, None, "a file path")
         values["default_policy"] = reader.get(
-            "KVGATE_DEFAULT_POLICY", _choice(POLICIES), "prefix-cache", _one_of(POLICIES)
+            "KVGATE_DEFAULT_POLICY", str, "prefix-cache", "a policy name: " + _one_of(POLICIES)
         )
+        values["slo_shed"] = reader.get("KVGATE_SLO_SHED", _bool, False, "true or false")
         values["use_remote_tokenizer"] = reader.get(
             "AIBRIX_USE_REMOTE_TOKENIZER", _bool, True, "true or false"
         )

@@ -26,6 +26,11 @@ class MatchResult:
     def matched(self, pod: str) -> int:
         return self.blocks.get(pod, 0)
 
+    @property
+    def has_tiers(self) -> bool:
+        """Whether any matched block sits off-GPU (or is only expected) for some pod."""
+        return bool(self._tiered)
+
     def ratio(self, pod: str) -> float:
         """Matched share of the prompt's blocks (0.0 for an empty prompt)."""
         if self.prompt_blocks == 0:

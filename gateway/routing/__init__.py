@@ -1,5 +1,9 @@
-"""Routing decisions: filters -> scorers -> picker, as named profiles."""
+"""Routing decisions: filters -> scorers -> picker -> preferences, as named profiles built
+from a routing config (the built-in policies are one: policies.toml)."""
 
+from gateway.routing.affinity import Affinity, PinAffinityPreference, PinLookup
+from gateway.routing.config import build_profiles, configured_profiles, load_specs
+from gateway.routing.cost import CostModel, CostParams, Prediction, Ticket
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
 from gateway.routing.load import LoadEstimator
 from gateway.routing.pickers import (
@@ -9,11 +13,17 @@ from gateway.routing.pickers import (
     RoundRobinPicker,
     SessionPicker,
 )
-from gateway.routing.profile import Decision, RoutingProfile, Weighted, build_policies
-from gateway.routing.request import RoutingRequest
+from gateway.routing.plugins import PluginContext
+from gateway.routing.predicted import MinPredictedTtftPicker, PredictedTtftScorer, predict_all
+from gateway.routing.profile import Decision, Preference, RoutingProfile, Weighted
+from gateway.routing.request import CycleState, RoutingRequest
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
 
 __all__ = [
+    "Affinity",
+    "CostModel",
+    "CostParams",
+    "CycleState",
     "Decision",
     "Filter",
     "HotSpotFilter",
@@ -21,7 +31,14 @@ __all__ = [
     "LoadEstimator",
     "LoadScorer",
     "MaxScorePicker",
+    "MinPredictedTtftPicker",
     "Picker",
+    "PinAffinityPreference",
+    "PinLookup",
+    "PluginContext",
+    "PredictedTtftScorer",
+    "Prediction",
+    "Preference",
     "PrefixScorer",
     "RandomPicker",
     "RoundRobinPicker",
@@ -30,6 +47,10 @@ __all__ = [
     "RoutingRequest",
     "Scorer",
     "SessionPicker",
+    "Ticket",
     "Weighted",
-    "build_policies",
+    "build_profiles",
+    "configured_profiles",
+    "load_specs",
+    "predict_all",
 ]

@@ -14,6 +14,7 @@ from gateway.routing.request import RoutingRequest
 
 class Picker(Protocol):
     name: str
+    uses_prefix: bool
 
     def rank(
         self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
@@ -24,6 +25,7 @@ class MaxScorePicker:
     """Highest score first; ties broken at random (shuffled before a stable sort)."""
 
     name = "max-score"
+    uses_prefix = False
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
@@ -38,6 +40,7 @@ class MaxScorePicker:
 
 class RandomPicker:
     name = "random"
+    uses_prefix = False
 
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
@@ -54,6 +57,7 @@ class RoundRobinPicker:
     """Each model's pods in turn (by name, so the order survives pods coming and going)."""
 
     name = "round-robin"
+    uses_prefix = False
 
     def __init__(self) -> None:
         self._turns: dict[str, itertools.count[int]] = {}
@@ -77,6 +81,7 @@ class SessionPicker:
     """
 
     name = "session"
+    uses_prefix = False
 
     def __init__(self, fallback: Picker, *, max_sessions: int = 100_000) -> None:
         self._fallback = fallback

@@ -1,24 +1,30 @@
-"""Routing profiles: filters, weighted scorers and a picker, built by policy name."""
+"""Routing profiles: filters → weighted scorers → picker → preferences, each plugin timed."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from gateway.registry import PodState
-from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
-from gateway.routing.load import LoadEstimator
-from gateway.routing.pickers import (
-    MaxScorePicker,
-    Picker,
-    RandomPicker,
-    RoundRobinPicker,
-    SessionPicker,
-)
+from gateway.routing.cost import Prediction
+from gateway.routing.filters import Filter
+from gateway.routing.pickers import Picker
 from gateway.routing.request import RoutingRequest
-from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
-from gateway.settings import Settings
+from gateway.routing.scorers import Scorer
+
+PluginTimer = Callable[[str, float], None]
+"""(plugin name, seconds it took in one decision)."""
+
+
+class Preference(Protocol):
+    """Names the candidate that must go first whatever the scores (a pinned conversation's
+    pod), or None. Runs after the picker; the rest of the ranking stays as retry targets."""
+
+    name: str
+
+    def prefer(self, request: RoutingRequest, pods: Sequence[PodState]) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +41,17 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)
     components: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per pod, each scorer's score before weighting (for /admin/match)."""
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+    """Per pod, the predicted TTFT, when a plugin of this profile predicted it."""
+
+
+def _untimed(plugin: str, seconds: float) -> None:
+    pass
 
 
 class RoutingProfile:
-    """One policy: filters in order, then sum(weight × clamp(score)), then the picker."""
+    """One policy: filters in order, then sum(weight × clamp(score)), then the picker, then
+    the preferences (the first that names a candidate moves it to the front)."""
 
     def __init__(
         self,
@@ -47,57 +60,56 @@ class RoutingProfile:
         filters: Sequence[Filter],
         scorers: Sequence[Weighted],
         picker: Picker,
+        preferences: Sequence[Preference] = (),
+        timer: PluginTimer = _untimed,
+        spec: dict[str, Any] | None = None,
     ) -> None:
         self.name = name
         self.filters = list(filters)
         self.scorers = list(scorers)
         self.picker = picker
-        self.uses_prefix = any(isinstance(w.scorer, PrefixScorer) for w in self.scorers)
+        self.preferences = list(preferences)
+        self.timer = timer
+        self.spec = spec or {}
+        """The configuration this profile was built from (normalised)."""
+        self.uses_prefix = picker.uses_prefix or any(w.scorer.uses_prefix for w in self.scorers)
 
     def decide(self, request: RoutingRequest, candidates: Sequence[PodState]) -> Decision:
+        clock = time.perf_counter
+        timer = self.timer
         pods = list(candidates)
         for step in self.filters:
+            started = clock()
             pods = step.filter(request, pods)
+            timer(step.name, clock() - started)
             if not pods:
                 return Decision(self.name, [])
         totals = {pod.name: 0.0 for pod in pods}
         components: dict[str, dict[str, float]] = {pod.name: {} for pod in pods}
         for weighted in self.scorers:
-            for name, value in weighted.scorer.score(request, pods).items():
+            started = clock()
+            scored = weighted.scorer.score(request, pods)
+            timer(weighted.scorer.name, clock() - started)
+            for name, value in scored.items():
                 clamped = min(1.0, max(0.0, value))
                 components[name][weighted.scorer.name] = clamped
                 totals[name] += weighted.weight * clamped
+        started = clock()
         ranking = self.picker.rank(request, pods, totals)
-        return Decision(self.name, ranking, totals, components)
+        timer(self.picker.name, clock() - started)
+        for preference in self.preferences:
+            started = clock()
+            chosen = preference.prefer(request, ranking)
+            timer(preference.name, clock() - started)
+            if chosen is not None:
+                _to_front(ranking, chosen)
+                break
+        return Decision(self.name, ranking, totals, components, request.state.predictions)
 
 
-def build_policies(settings: Settings, rng: random.Random) -> dict[str, RoutingProfile]:
-    routable = RoutableFilter()
-    estimator = LoadEstimator()
-    hot_spot = HotSpotFilter(settings.hot_spot_margin, estimator)
-    prefix = PrefixScorer(settings.tier_weights)
-    load = LoadScorer(estimator=estimator)
-    # KV usage only breaks ties: it is scraped once a second and every busy cache is full,
-    # so at 0.1 it outweighed a request of load difference (routing benchmark, `unique`).
-    cache_aware = [Weighted(prefix, 1.0), Weighted(load, 1.0), Weighted(KVUsageScorer(), 0.02)]
-    best = MaxScorePicker(rng)
-    return {
-        "prefix-cache": RoutingProfile(
-            "prefix-cache", filters=[routable, hot_spot], scorers=cache_aware, picker=best
-        ),
-        "least-request": RoutingProfile(
-            "least-request", filters=[routable], scorers=[Weighted(load, 1.0)], picker=best
-        ),
-        "round-robin": RoutingProfile(
-            "round-robin", filters=[routable], scorers=[], picker=RoundRobinPicker()
-        ),
-        "random": RoutingProfile(
-            "random", filters=[routable], scorers=[], picker=RandomPicker(rng)
-        ),
-        "session": RoutingProfile(
-            "session",
-            filters=[routable],
-            scorers=cache_aware,
-            picker=SessionPicker(MaxScorePicker(rng)),
-        ),
-    }
+def _to_front(ranking: list[PodState], name: str) -> None:
+    for index, state in enumerate(ranking):
+        if state.name == name:
+            if index:
+                ranking.insert(0, ranking.pop(index))
+            return

@@ -1,9 +1,11 @@
-"""What a routing decision looks at."""
+"""What a routing decision looks at, and what its plugins share while deciding."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from gateway.routing.cost import Prediction
 from indexer import MatchResult, ModelContext
 
 
@@ -16,3 +18,19 @@ class RoutingRequest:
     match: MatchResult | None
     """Consecutive blocks each candidate holds; None when the prompt is unknown."""
     session: str | None = None
+    prompt_tokens: int = 0
+    """Prompt length in tokens: exact when tokenized, else estimated from the body's size."""
+    prefix_hashes: Sequence[int] = ()
+    slo_ttft_s: float | None = None
+    """The client's time-to-first-token objective (`x-slo-ttft-ms`), if any."""
+    streamed: bool = True
+    state: CycleState = field(default_factory=lambda: CycleState())
+    """Scratch space of this decision, shared by its plugins."""
+
+
+@dataclass(slots=True)
+class CycleState:
+    """Scratch space of one decision, shared by its plugins (llm-d's CycleState)."""
+
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+    """Predicted TTFT per candidate, filled by the first plugin that needs it."""

@@ -14,6 +14,8 @@ from indexer import Tier
 
 class Scorer(Protocol):
     name: str
+    uses_prefix: bool
+    """Whether it reads the prompt's match (the router then tokenizes the prompt)."""
 
     def score(self, request: RoutingRequest, pods: Sequence[PodState]) -> dict[str, float]: ...
 
@@ -22,6 +24,7 @@ class PrefixScorer:
     """Share of the prompt's blocks a pod holds from the start, weighted by tier."""
 
     name = "prefix"
+    uses_prefix = True
 
     def __init__(self, tier_weights: Mapping[Tier, float]) -> None:
         self.tier_weights = dict(tier_weights)
@@ -50,6 +53,7 @@ class LoadScorer:
     """
 
     name = "load"
+    uses_prefix = False
 
     def __init__(self, scale: float = 2.0, estimator: LoadEstimator | None = None) -> None:
         self.scale = scale
@@ -64,6 +68,7 @@ class KVUsageScorer:
     """Emptier KV cache scores higher (a fuller one evicts more)."""
 
     name = "kv-usage"
+    uses_prefix = False
 
     def score(self, request: RoutingRequest, pods: Sequence[PodState]) -> dict[str, float]:
         return {pod.name: 1.0 - min(1.0, max(0.0, pod.kv_usage)) for pod in pods}

@@ -92,7 +92,9 @@ async def test_decision_headers_on_every_proxied_response(start_gateway: StartGa
 
 
 async def test_shared_prefix_sticks_to_one_pod_even_in_a_burst(start_gateway: StartGateway) -> None:
-    gw = await start_gateway(engines=3)
+    # The heuristic policy: only router-side expected entries can keep this burst together
+    # (the cost model spreads a burst once queueing costs more than the cache saves).
+    gw = await start_gateway(engines=3, default_policy="prefix-share")
     burst = await asyncio.gather(*(post_chat(gw, chat(f"question {i}")) for i in range(6)))
     assert all(r.status_code == 200 for r in burst)
     pods = {r.headers["x-kvgate-pod"] for r in burst}
@@ -119,7 +121,9 @@ async def test_unrelated_prompts_spread_over_the_fleet(start_gateway: StartGatew
 async def test_hot_spot_guard_moves_traffic_off_a_busy_cache_holder(
     start_gateway: StartGateway,
 ) -> None:
-    gw = await start_gateway(engines=2, engine_overrides=SLOW, hot_spot_margin=2)
+    gw = await start_gateway(
+        engines=2, engine_overrides=SLOW, hot_spot_margin=2, default_policy="prefix-share"
+    )
     warm = await post_chat(gw, chat("warm the cache"))
     holder = warm.headers["x-kvgate-pod"]
     async with gw.client() as client:

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.discovery import Pod
 from gateway.registry import PodState
+from gateway.router import build_policies
 from gateway.routing import (
     HotSpotFilter,
     KVUsageScorer,
@@ -24,7 +25,6 @@ from gateway.routing import (
     RoutingRequest,
     SessionPicker,
     Weighted,
-    build_policies,
 )
 from gateway.settings import DEFAULT_TIER_WEIGHTS, POLICIES, Settings
 from indexer import IndexConfig, MatchResult, ModelContext, SyncPrefixHashTable, Tier
@@ -297,6 +297,8 @@ def test_session_map_is_bounded() -> None:
 class Constant:
     """A Scorer that gives each pod a fixed, possibly out-of-range, score."""
 
+    uses_prefix = False
+
     def __init__(self, name: str, scores: dict[str, float]) -> None:
         self.name = name
         self._scores = scores
@@ -342,6 +344,8 @@ def test_build_policies_builds_every_policy() -> None:
     assert set(policies) == set(POLICIES)
     assert all(profile.name == name for name, profile in policies.items())
     assert policies["prefix-cache"].uses_prefix
+    assert policies["prefix-share"].uses_prefix
+    assert policies["predicted-latency"].uses_prefix
     assert policies["session"].uses_prefix
     assert not policies["least-request"].uses_prefix
     assert not policies["round-robin"].uses_prefix
@@ -356,11 +360,11 @@ def fleet() -> tuple[SyncPrefixHashTable, list[PodState]]:
     return table, [pod("holder"), pod("idle1"), pod("idle2")]
 
 
-def test_prefix_cache_prefers_the_pod_holding_the_prefix(
+def test_prefix_share_prefers_the_pod_holding_the_prefix(
     fleet: tuple[SyncPrefixHashTable, list[PodState]],
 ) -> None:
     table, pods = fleet
-    profile = build_policies(Settings(hot_spot_margin=4), random.Random(0))["prefix-cache"]
+    profile = build_policies(Settings(hot_spot_margin=4), random.Random(0))["prefix-share"]
     request = request_for(table, pods)
     for _ in range(20):
         decision = profile.decide(request, pods)
@@ -372,34 +376,34 @@ def test_prefix_cache_prefers_the_pod_holding_the_prefix(
     assert profile.decide(request, pods).ranking[0].name == "holder"
 
 
-def test_prefix_cache_avoids_a_hot_spot(
+def test_prefix_share_avoids_a_hot_spot(
     fleet: tuple[SyncPrefixHashTable, list[PodState]],
 ) -> None:
     table, pods = fleet
-    profile = build_policies(Settings(hot_spot_margin=4), random.Random(0))["prefix-cache"]
+    profile = build_policies(Settings(hot_spot_margin=4), random.Random(0))["prefix-share"]
     pods[0].inflight = 4  # the margin more than the idle pods
     decision = profile.decide(request_for(table, pods), pods)
     assert {p.name for p in decision.ranking} == {"idle1", "idle2"}
 
 
-def test_prefix_cache_skips_an_unhealthy_holder(
+def test_prefix_share_skips_an_unhealthy_holder(
     fleet: tuple[SyncPrefixHashTable, list[PodState]],
 ) -> None:
     table, pods = fleet
-    profile = build_policies(Settings(), random.Random(0))["prefix-cache"]
+    profile = build_policies(Settings(), random.Random(0))["prefix-share"]
     pods[0].healthy = False
     decision = profile.decide(request_for(table, pods), pods)
     assert {p.name for p in decision.ranking} == {"idle1", "idle2"}
 
 
-def test_prefix_cache_without_a_match_goes_to_the_least_loaded() -> None:
-    profile = build_policies(Settings(), random.Random(0))["prefix-cache"]
+def test_prefix_share_without_a_match_goes_to_the_least_loaded() -> None:
+    profile = build_policies(Settings(), random.Random(0))["prefix-share"]
     pods = [pod("a", inflight=3), pod("b", inflight=1), pod("c", inflight=2)]
     assert [p.name for p in profile.decide(bare_request(), pods).ranking] == ["b", "c", "a"]
 
 
-def test_prefix_cache_prefers_the_emptier_cache_at_equal_load() -> None:
-    profile = build_policies(Settings(), random.Random(0))["prefix-cache"]
+def test_prefix_share_prefers_the_emptier_cache_at_equal_load() -> None:
+    profile = build_policies(Settings(), random.Random(0))["prefix-share"]
     pods = [pod("full", kv_usage=0.9), pod("empty", kv_usage=0.1)]
     for _ in range(10):
         assert profile.decide(bare_request(), pods).ranking[0].name == "empty"

@@ -169,7 +169,7 @@ def test_invalid_tier_weights(raw: str) -> None:
         ("KVGATE_PORT", "0", "1..65535"),
         ("KVGATE_PORT", "70000", "1..65535"),
         ("KVGATE_PORT", "http", "1..65535"),
-        ("KVGATE_DEFAULT_POLICY", "fastest", "prefix-cache, least-request"),
+        ("KVGATE_DEFAULT_POLICY", "fastest", "prefix-cache, predicted-latency"),
         ("AIBRIX_USE_REMOTE_TOKENIZER", "maybe", "true or false"),
         ("AIBRIX_KV_EVENT_SYNC_ENABLED", "2", "true or false"),
         ("AIBRIX_PREFIX_CACHE_TOKENIZER_TYPE", "local", "remote"),

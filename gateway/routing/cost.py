@@ -1,0 +1,314 @@
+"""What a request costs on each pod: predicted time to first byte, learned per pod.
+
+A pod's TTFT for a new request is modelled as linear in four features, all known at
+decision time:
+
+    ttft ≈ θ0 + θ1·(its own uncached prompt tokens) + θ2·(prefill tokens queued ahead of it)
+              + θ3·(sequences decoding on the pod)
+
+- its own uncached tokens: the prompt minus the blocks the pod holds from the start (GPU
+  blocks free, CPU and STORAGE blocks at a fraction of a token's prefill: their load cost);
+- queued prefill: for every request this gateway sent to the pod whose first byte has not
+  come back, its uncached tokens at its decision time; plus what other gateway replicas
+  have queued there, estimated from the engine's scraped `waiting` gauge beyond our own
+  count at that scrape, at this pod's mean uncached tokens per request;
+- decoding: our requests past their first byte, plus the engine's scraped `running` beyond
+  ours (decode steps share the engine with prefill: a busy batch slows every prefill step).
+
+θ is learned online per pod by recursive least squares (exponential forgetting) from the
+TTFT the gateway observes — the first body byte of a streamed answer after the request was
+sent — so a pool of mixed GPUs or engine settings is modelled pod by pod. A new pod starts
+from the fleet's model (itself learned from every pod's observations, from a prior in the
+range of a 14B model on one GPU), so it is usable at once. Updates are Huber-weighted
+against a running residual scale (one stalled request cannot drag the model), coefficients
+are kept non-negative (more work never predicts less time), and each model is a fixed
+4×4 state: memory per pod is bounded, whatever the traffic.
+
+The new request's work is added to its pod when it is routed, so the next decision of a
+burst already sees it: a burst spreads as soon as queueing costs more than the cache saves.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+FEATURES = ("base", "own_tokens", "queued_tokens", "decoding")
+"""Names of the model's terms, in coefficient order (for /admin/match and the docs)."""
+_TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
+_SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
+_MAX_PODS = 4096
+
+# Prior, in seconds per feature unit: 20 ms overhead, 111 µs per new or queued prompt token,
+# 0.5 ms per ten decoding sequences (SIM-CALIBRATION: Qwen3-14B-FP8 on one GPU).
+DEFAULT_PRIOR = (0.020, 0.111, 0.111, 0.005)
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    forgetting: float = 0.995
+    """Weight of the past per observation (≈ the last 200 observations count)."""
+    prior_strength: float = 4.0
+    """Initial covariance scale of a new pod's model: larger lets it leave the prior faster."""
+    huber_k: float = 2.5
+    """Residuals beyond k × the running residual scale are down-weighted."""
+    cpu_load_fraction: float = 0.05
+    """A CPU-tier block costs this share of a block's prefill to load back."""
+    storage_load_fraction: float = 0.2
+    prior: tuple[float, float, float, float] = DEFAULT_PRIOR
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    pod: str
+    ttft_s: float
+    own_tokens: float
+    queued_tokens: float
+    decoding: float
+    coefficients: tuple[float, ...]
+
+    def terms(self) -> dict[str, float]:
+        """Each term's share of the predicted TTFT, in seconds (for /admin/match)."""
+        values = self.features()
+        return {name: c * x for name, c, x in zip(FEATURES, self.coefficients, values, strict=True)}
+
+    def features(self) -> tuple[float, float, float, float]:
+        return (
+            1.0,
+            self.own_tokens / _TOKEN_UNIT,
+            self.queued_tokens / _TOKEN_UNIT,
+            self.decoding / _SEQ_UNIT,
+        )
+
+
+class TtftModel:
+    """One pod's (or the fleet's) linear TTFT model, fitted by weighted RLS."""
+
+    __slots__ = ("_p", "_params", "observations", "residual_scale", "theta")
+
+    def __init__(self, params: CostParams, theta: Iterable[float] | None = None) -> None:
+        self._params = params
+        self.theta = list(theta if theta is not None else params.prior)
+        n = len(self.theta)
+        self._p = [[params.prior_strength if i == j else 0.0 for j in range(n)] for i in range(n)]
+        self.residual_scale = 0.0
+        self.observations = 0
+
+    def predict(self, x: tuple[float, ...]) -> float:
+        t = self.theta
+        return t[0] * x[0] + t[1] * x[1] + t[2] * x[2] + t[3] * x[3]
+
+    def learn(self, x: tuple[float, ...], observed: float) -> None:
+        predicted = self.predict(x)
+        residual = observed - predicted
+        scale = self.residual_scale
+        if self.observations == 0 or scale <= 0.0:
+            scale = max(abs(residual), 0.25 * max(observed, 1e-6))
+        bound = self._params.huber_k * scale
+        weight = 1.0 if abs(residual) <= bound else bound / abs(residual)
+        lam = self._params.forgetting
+        p = self._p
+        n = len(x)
+        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
+        denominator = lam / weight + sum(x[i] * px[i] for i in range(n))
+        gain = [v / denominator for v in px]
+        theta = self.theta
+        for i in range(n):
+            theta[i] = max(0.0, theta[i] + gain[i] * residual)  # more work never costs less
+        for i in range(n):
+            gi = gain[i]
+            row = p[i]
+            for j in range(n):
+                row[j] = (row[j] - gi * px[j]) / lam
+        # The scale follows |residual| (clipped, so it adapts but one outlier cannot blow it up).
+        clipped = min(abs(residual), 2.0 * bound)
+        self.residual_scale = clipped if self.observations == 0 else 0.9 * scale + 0.1 * clipped
+        self.observations += 1
+
+
+@dataclass(slots=True)
+class _PodWork:
+    """What this gateway has outstanding on one pod."""
+
+    model: TtftModel
+    prefill_tokens: float = 0.0
+    prefilling: int = 0
+    decoding: int = 0
+    mean_tokens: float = 0.0
+    """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
+    at_scrape: tuple[float | None, int, int] = (None, 0, 0)
+    """(scrape time, our prefilling, our decoding) when routing first saw that scrape."""
+    unobserved: list[tuple[float, int, Ticket]] = field(default_factory=list)
+    """Heap of (expected first byte, id, ticket) for answers whose first byte is not their
+    TTFT (non-streamed): their prefill is taken as done at the predicted time."""
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    """One request's work on the pod it was sent to, from decision to last byte."""
+
+    pod: str
+    prediction: Prediction
+    started: float
+    streamed: bool
+    phase: str = "prefill"
+    """prefill → decode → done."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    """The engine's own counts at its last scrape (all gateway replicas' requests)."""
+
+    at: float | None
+    running: float
+    waiting: float
+
+
+class CostModel:
+    """Outstanding work and TTFT models for every pod; one per gateway, on the event loop."""
+
+    def __init__(
+        self, params: CostParams | None = None, *, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.params = params or CostParams()
+        self._clock = clock or time.perf_counter
+        self._pods: dict[str, _PodWork] = {}
+        self.fleet = TtftModel(self.params)
+        self._tickets = 0
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def predict(
+        self,
+        pod: str,
+        prompt_tokens: int,
+        cached_tokens: float,
+        scraped: Scraped | None = None,
+    ) -> Prediction:
+        """Predicted TTFT of a new request on `pod` given how much of its prompt the pod
+        holds (`cached_tokens`, already weighted by tier load cost)."""
+        work = self._work(pod)
+        now = self._clock()
+        if work.unobserved:
+            self._expire(work, now)
+        queued = work.prefill_tokens
+        decoding = float(work.decoding)
+        if scraped is not None and scraped.at is not None:
+            if work.at_scrape[0] != scraped.at:
+                work.at_scrape = (scraped.at, work.prefilling, work.decoding)
+            others_waiting = scraped.waiting - work.at_scrape[1]
+            others_running = scraped.running - work.at_scrape[2]
+            if math.isfinite(others_waiting) and others_waiting > 0:
+                queued += others_waiting * work.mean_tokens
+            if math.isfinite(others_running) and others_running > 0:
+                decoding += others_running
+        own = max(0.0, prompt_tokens - cached_tokens)
+        theta = work.model.theta
+        ttft = (
+            theta[0]
+            + theta[1] * own / _TOKEN_UNIT
+            + theta[2] * queued / _TOKEN_UNIT
+            + theta[3] * decoding / _SEQ_UNIT
+        )
+        return Prediction(pod, ttft, own, queued, decoding, tuple(theta))
+
+    def cached_tokens(self, gpu: int, cpu: int, storage: int, expected: int, block: int) -> float:
+        """Tokens a pod need not prefill, from its matched blocks per tier."""
+        params = self.params
+        return block * (
+            gpu
+            + expected
+            + cpu * (1.0 - params.cpu_load_fraction)
+            + storage * (1.0 - params.storage_load_fraction)
+        )
+
+    # -- a request's life -----------------------------------------------------------------
+
+    def start(self, prediction: Prediction, *, streamed: bool) -> Ticket:
+        """The request goes to `prediction.pod` now: its prefill joins that pod's queue."""
+        work = self._work(prediction.pod)
+        ticket = Ticket(prediction.pod, prediction, self._clock(), streamed)
+        work.prefill_tokens += prediction.own_tokens
+        work.prefilling += 1
+        work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
+        if not streamed:
+            self._tickets += 1
+            expected = ticket.started + prediction.ttft_s
+            heapq.heappush(work.unobserved, (expected, self._tickets, ticket))
+        return ticket
+
+    def first_byte(self, ticket: Ticket) -> float | None:
+        """The pod answered: its prefill is done. Returns the observed TTFT (s) when it is
+        one (a streamed answer), after learning from it."""
+        if ticket.phase != "prefill":
+            return None
+        work = self._pods.get(ticket.pod)
+        self._leave_prefill(ticket, work)
+        ticket.phase = "decode"
+        if work is not None:
+            work.decoding += 1
+        if not ticket.streamed:
+            return None
+        observed = self._clock() - ticket.started
+        x = ticket.prediction.features()
+        if work is not None:
+            work.model.learn(x, observed)
+        self.fleet.learn(x, observed)
+        return observed
+
+    def finish(self, ticket: Ticket) -> None:
+        """The exchange ended (answered, failed, cut or abandoned)."""
+        work = self._pods.get(ticket.pod)
+        if ticket.phase == "prefill":
+            self._leave_prefill(ticket, work)
+        elif ticket.phase == "decode" and work is not None:
+            work.decoding -= 1
+        ticket.phase = "done"
+
+    # -- pods -----------------------------------------------------------------------------
+
+    def forget(self, live: Iterable[str]) -> None:
+        """Drop pods that are gone (called with the registry's pods)."""
+        keep = set(live)
+        for name in [name for name in self._pods if name not in keep]:
+            del self._pods[name]
+
+    def model(self, pod: str) -> TtftModel:
+        return self._work(pod).model
+
+    def outstanding(self, pod: str) -> tuple[float, int, int]:
+        """(queued prefill tokens, requests prefilling, requests decoding) of ours on `pod`."""
+        work = self._pods.get(pod)
+        if work is None:
+            return (0.0, 0, 0)
+        if work.unobserved:
+            self._expire(work, self._clock())
+        return (work.prefill_tokens, work.prefilling, work.decoding)
+
+    def _work(self, pod: str) -> _PodWork:
+        work = self._pods.get(pod)
+        if work is None:
+            if len(self._pods) >= _MAX_PODS:  # pods come and go: stay bounded
+                self._pods.clear()
+            work = self._pods[pod] = _PodWork(TtftModel(self.params, self.fleet.theta))
+        return work
+
+    def _leave_prefill(self, ticket: Ticket, work: _PodWork | None) -> None:
+        if work is None:
+            return
+        work.prefill_tokens = max(0.0, work.prefill_tokens - ticket.prediction.own_tokens)
+        work.prefilling = max(0, work.prefilling - 1)
+        if work.prefilling == 0:
+            work.prefill_tokens = 0.0  # no float drift when the queue drains
+
+    def _expire(self, work: _PodWork, now: float) -> None:
+        heap = work.unobserved
+        while heap and heap[0][0] <= now:
+            _, _, ticket = heapq.heappop(heap)
+            if ticket.phase == "prefill":
+                self._leave_prefill(ticket, work)
+                ticket.phase = "decode"
+                work.decoding += 1

@@ -1,0 +1,173 @@
+"""Routing plugins by name: what a routing config may use, and how each is built.
+
+Every plugin is built from its parameters (validated here: an unknown parameter or a
+value of the wrong type stops start-up naming the plugin and the parameter) and the
+gateway-wide collaborators in `PluginContext` (one load estimator, one cost model, one
+pin lookup per gateway, shared by every profile).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.routing.affinity import PinAffinityPreference, PinLookup
+from gateway.routing.cost import CostModel
+from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
+from gateway.routing.load import LoadEstimator
+from gateway.routing.pickers import (
+    MaxScorePicker,
+    Picker,
+    RandomPicker,
+    RoundRobinPicker,
+    SessionPicker,
+)
+from gateway.routing.predicted import MinPredictedTtftPicker, PredictedTtftScorer
+from gateway.routing.profile import Preference
+from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
+from indexer import ConfigError, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class PluginContext:
+    rng: random.Random
+    load: LoadEstimator
+    cost: CostModel
+    pins: PinLookup
+    block_size: int
+    hot_spot_margin: int = 16
+    """Default of the hot-spot guard's `margin` (KVGATE_HOT_SPOT_MARGIN)."""
+    tier_weights: Mapping[Tier, float] | None = None
+    """Default of the prefix scorer's tier weights (KVGATE_TIER_WEIGHTS)."""
+    slo_shed: bool = False
+    """Default of the SLO picker's `shed` (KVGATE_SLO_SHED)."""
+
+
+class Params:
+    """A plugin's parameters, read once each; `done()` refuses any left unread."""
+
+    def __init__(self, where: str, given: Mapping[str, Any]) -> None:
+        self._where = where
+        self._given = dict(given)
+
+    def number(
+        self, name: str, default: float, *, low: float = 0.0, high: float = float("inf")
+    ) -> float:
+        value = self._given.pop(name, default)
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        if not numeric or not low <= value <= high:
+            raise ConfigError(f"{self._where}.{name}", value, f"a number in [{low}, {high}]")
+        return float(value)
+
+    def integer(self, name: str, default: int, *, low: int = 0) -> int:
+        value = self._given.pop(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{self._where}.{name}", value, f"an integer >= {low}")
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self._given.pop(name, default)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{self._where}.{name}", value, "true or false")
+        return value
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self._given.pop(name, default)
+        if value not in choices:
+            raise ConfigError(f"{self._where}.{name}", value, "one of " + ", ".join(choices))
+        return str(value)
+
+    def done(self) -> None:
+        if self._given:
+            unknown = ", ".join(sorted(self._given))
+            raise ConfigError(self._where, unknown, "no parameter named " + unknown)
+
+
+FilterFactory = Callable[[Params, PluginContext], Filter]
+ScorerFactory = Callable[[Params, PluginContext], Scorer]
+PickerFactory = Callable[[Params, PluginContext], Picker]
+PreferenceFactory = Callable[[Params, PluginContext], Preference]
+
+
+def _routable(params: Params, ctx: PluginContext) -> Filter:
+    return RoutableFilter()
+
+
+def _hot_spot(params: Params, ctx: PluginContext) -> Filter:
+    return HotSpotFilter(params.integer("margin", ctx.hot_spot_margin, low=1), ctx.load)
+
+
+def _prefix(params: Params, ctx: PluginContext) -> Scorer:
+    defaults = dict(ctx.tier_weights or {})
+    weights = {
+        tier: params.number(f"{tier.name.lower()}_weight", defaults.get(tier, 0.0), high=1.0)
+        for tier in Tier
+    }
+    return PrefixScorer(weights)
+
+
+def _load(params: Params, ctx: PluginContext) -> Scorer:
+    return LoadScorer(params.number("scale", 2.0, low=1e-9), ctx.load)
+
+
+def _kv_usage(params: Params, ctx: PluginContext) -> Scorer:
+    return KVUsageScorer()
+
+
+def _predicted_ttft(params: Params, ctx: PluginContext) -> Scorer:
+    return PredictedTtftScorer(ctx.cost, ctx.block_size)
+
+
+def _max_score(params: Params, ctx: PluginContext) -> Picker:
+    return MaxScorePicker(ctx.rng)
+
+
+def _random(params: Params, ctx: PluginContext) -> Picker:
+    return RandomPicker(ctx.rng)
+
+
+def _round_robin(params: Params, ctx: PluginContext) -> Picker:
+    return RoundRobinPicker()
+
+
+def _session(params: Params, ctx: PluginContext) -> Picker:
+    fallback = params.choice("fallback", "max-score", ("max-score", "min-predicted-ttft"))
+    inner: Picker = (
+        MaxScorePicker(ctx.rng)
+        if fallback == "max-score"
+        else MinPredictedTtftPicker(ctx.cost, ctx.block_size, ctx.rng, shed=ctx.slo_shed)
+    )
+    return SessionPicker(inner, max_sessions=params.integer("max_sessions", 100_000, low=1))
+
+
+def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
+    return MinPredictedTtftPicker(
+        ctx.cost,
+        ctx.block_size,
+        ctx.rng,
+        tie_tolerance=params.number("tie_tolerance", 0.05, high=10.0),
+        shed=params.flag("shed", ctx.slo_shed),
+    )
+
+
+def _pin_affinity(params: Params, ctx: PluginContext) -> Preference:
+    return PinAffinityPreference(ctx.pins)
+
+
+FILTERS: dict[str, FilterFactory] = {"routable": _routable, "hot-spot-guard": _hot_spot}
+SCORERS: dict[str, ScorerFactory] = {
+    "prefix": _prefix,
+    "load": _load,
+    "kv-usage": _kv_usage,
+    "predicted-ttft": _predicted_ttft,
+}
+PICKERS: dict[str, PickerFactory] = {
+    "max-score": _max_score,
+    "random": _random,
+    "round-robin": _round_robin,
+    "session": _session,
+    "min-predicted-ttft": _min_predicted_ttft,
+}
+PREFERENCES: dict[str, PreferenceFactory] = {"pin-affinity": _pin_affinity}

@@ -1,0 +1,128 @@
+"""Cost-model routing: predicted time to first byte per pod, and the SLO-aware picker."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+from gateway.errors import SloUnreachable
+from gateway.registry import PodState
+from gateway.routing.cost import CostModel, Prediction, Scraped
+from gateway.routing.request import RoutingRequest
+from indexer import Tier
+
+
+def predict_all(
+    cost: CostModel,
+    block_size: int,
+    request: RoutingRequest,
+    pods: Sequence[PodState],
+) -> dict[str, Prediction]:
+    """Each candidate's predicted TTFT for this request (computed once per decision)."""
+    predictions = request.state.predictions
+    missing = [pod for pod in pods if pod.name not in predictions]
+    if not missing:
+        return predictions
+    match = request.match
+    tiered = match is not None and match.has_tiers
+    tokens = request.prompt_tokens
+    for pod in missing:
+        if match is None:
+            cached = 0.0
+        elif not tiered:
+            cached = float(match.matched(pod.name) * block_size)
+        else:
+            counts = match.tier_counts(pod.name)
+            cached = cost.cached_tokens(
+                counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE],
+                counts[Tier.EXPECTED], block_size,
+            )  # fmt: skip
+        scraped = Scraped(pod.scraped_at, pod.running, pod.waiting)
+        predictions[pod.name] = cost.predict(pod.name, tokens, cached, scraped)
+    return predictions
+
+
+class PredictedTtftScorer:
+    """Scores 1 for the pod with the lowest predicted TTFT, less in proportion elsewhere
+    (best / predicted); the predictions stay in the cycle state for the picker."""
+
+    name = "predicted-ttft"
+    uses_prefix = True
+
+    def __init__(self, cost: CostModel, block_size: int) -> None:
+        self._cost = cost
+        self._block_size = block_size
+
+    def score(self, request: RoutingRequest, pods: Sequence[PodState]) -> dict[str, float]:
+        predictions = predict_all(self._cost, self._block_size, request, pods)
+        best = min((predictions[pod.name].ttft_s for pod in pods), default=0.0)
+        return {
+            pod.name: (best / t if (t := predictions[pod.name].ttft_s) > 0 else 1.0) for pod in pods
+        }
+
+
+class MinPredictedTtftPicker:
+    """Lowest predicted TTFT first; pods within `tie_tolerance` of the best are ordered by
+    cache affinity (more matched blocks first), then at random.
+
+    With an SLO (`x-slo-ttft-ms`): the pods predicted to meet it come first, best cache
+    affinity first (keeping the cache warm costs nothing the client asked for); if none
+    can, the lowest predicted TTFT — or, with `shed`, a 429 + Retry-After.
+    """
+
+    name = "min-predicted-ttft"
+    uses_prefix = True
+
+    def __init__(
+        self,
+        cost: CostModel,
+        block_size: int,
+        rng: random.Random,
+        *,
+        tie_tolerance: float = 0.05,
+        shed: bool = False,
+    ) -> None:
+        self._cost = cost
+        self._block_size = block_size
+        self._rng = rng
+        self.tie_tolerance = tie_tolerance
+        self.shed = shed
+
+    def rank(
+        self,
+        request: RoutingRequest,
+        pods: Sequence[PodState],
+        scores: Mapping[str, float],
+    ) -> list[PodState]:
+        if not pods:
+            return []
+        predictions = predict_all(self._cost, self._block_size, request, pods)
+        match = request.match
+        matched = match.matched if match is not None else (lambda name: 0)
+        shuffled = list(pods)
+        self._rng.shuffle(shuffled)
+        slo = request.slo_ttft_s
+        if slo is not None:
+            meeting = [pod for pod in shuffled if predictions[pod.name].ttft_s <= slo]
+            if meeting:
+                meeting.sort(key=lambda pod: (-matched(pod.name), predictions[pod.name].ttft_s))
+                rest = [pod for pod in shuffled if predictions[pod.name].ttft_s > slo]
+                rest.sort(key=lambda pod: predictions[pod.name].ttft_s)
+                return meeting + rest
+            if self.shed:
+                best = min(predictions[pod.name].ttft_s for pod in pods)
+                raise SloUnreachable(
+                    f"no pod is predicted to answer within the {slo * 1e3:.0f} ms TTFT "
+                    f"objective (best: {best * 1e3:.0f} ms)",
+                    retry_after_s=max(1, round(best - slo + 0.5)),
+                )
+        shuffled.sort(key=lambda pod: predictions[pod.name].ttft_s)
+        best = predictions[shuffled[0].name].ttft_s
+        limit = best * (1.0 + self.tie_tolerance)
+        ties = 1
+        while ties < len(shuffled) and predictions[shuffled[ties].name].ttft_s <= limit:
+            ties += 1
+        if ties > 1:  # near-equal predictions: keep the cache warm where it already is
+            head = sorted(shuffled[:ties], key=lambda pod: -matched(pod.name))
+            shuffled[:ties] = head
+        return shuffled
