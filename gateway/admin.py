@@ -153,6 +153,7 @@ def _prediction_view(prediction: Prediction) -> dict[str, Any]:
     return {
         "own_uncached_tokens": prediction.own_tokens,
         "queued_prefill_tokens": prediction.queued_tokens,
+        "queued_requests": prediction.queued_requests,
         "decoding_sequences": prediction.decoding,
         "coefficients": dict(zip(FEATURES, prediction.coefficients, strict=True)),
         "terms_ms": {name: value * 1e3 for name, value in prediction.terms().items()},

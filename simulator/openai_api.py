@@ -243,10 +243,10 @@ async def _stream(
         return {**base, "choices": [choice]}
 
     try:
-        if chat:
-            yield _sse(chunk(None, None, role=True))
         sent = 0
         while (token := await sim.stream.get()) is not None:
+            if chat and sent == 0:  # as vLLM and SGLang: the role chunk comes with the first
+                yield _sse(chunk(None, None, role=True))  # output, after the prefill
             sent += 1
             done = len(sim.generated) >= sim.max_tokens and sent == sim.max_tokens
             yield _sse(chunk(engine.tokenizer.decode([token]), "length" if done else None))

@@ -11,7 +11,7 @@ from bench.results_io import RESULTS_DIR
 from bench.routing.routers import KVGATE_POLICIES, PEERS
 from bench.routing.workloads import WORKLOADS, WorkloadSize
 
-DEFAULT_ROUTERS = (*KVGATE_POLICIES, "oracle")
+DEFAULT_ROUTERS = ("prefix-cache", "prefix-share", "least-request", "round-robin", "random", "oracle")
 SWEEP_LOADS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2)
 
 
@@ -46,7 +46,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--routers",
-        type=_names((*DEFAULT_ROUTERS, *PEERS)),
+        type=_names((*KVGATE_POLICIES, "oracle", *PEERS)),
         default=list(DEFAULT_ROUTERS),
         help="comma-separated routers (default: the 4 kvgate policies and the oracle)",
     )

@@ -30,7 +30,9 @@ from bench.demo.fleet import EngineEndpoint, free_port_block
 from bench.demo.gateway import AdminClient
 from bench.processes import die_with_parent, log_tail, stop_group
 
-KVGATE_POLICIES = ("prefix-cache", "least-request", "round-robin", "random")
+KVGATE_POLICIES = (
+    "prefix-cache", "least-request", "round-robin", "random", "prefix-share", "predicted-latency"
+)  # fmt: skip
 PEERS = ("sglang-router", "vllm-router")
 VENVS = Path(__file__).resolve().parent.parent / ".venvs"
 

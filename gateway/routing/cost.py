@@ -3,15 +3,18 @@
 A pod's TTFT for a new request is modelled as linear in four features, all known at
 decision time:
 
-    ttft ≈ θ0 + θ1·(its own uncached prompt tokens) + θ2·(prefill tokens queued ahead of it)
-              + θ3·(sequences decoding on the pod)
+    ttft ≈ θ0 + θ1·(prefill tokens: its own uncached ones + those queued ahead of it)
+              + θ2·(requests queued ahead of it) + θ3·(sequences decoding on the pod)
 
 - its own uncached tokens: the prompt minus the blocks the pod holds from the start (GPU
   blocks free, CPU and STORAGE blocks at a fraction of a token's prefill: their load cost);
 - queued prefill: for every request this gateway sent to the pod whose first byte has not
   come back, its uncached tokens at its decision time; plus what other gateway replicas
   have queued there, estimated from the engine's scraped `waiting` gauge beyond our own
-  count at that scrape, at this pod's mean uncached tokens per request;
+  count at that scrape, at this pod's mean uncached tokens per request. The queue ahead
+  runs on the same GPU at the same rate as the request's own prefill, so both share θ1
+  (which a pod then learns from every answer, queued or not); θ2 is each queued request's
+  fixed cost (scheduling, a step's overhead);
 - decoding: our requests past their first byte, plus the engine's scraped `running` beyond
   ours (decode steps share the engine with prefill: a busy batch slows every prefill step).
 
@@ -36,15 +39,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-FEATURES = ("base", "own_tokens", "queued_tokens", "decoding")
+FEATURES = ("base", "prefill_tokens", "queued_requests", "decoding")
 """Names of the model's terms, in coefficient order (for /admin/match and the docs)."""
 _TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
 _SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 _MAX_PODS = 4096
 
-# Prior, in seconds per feature unit: 20 ms overhead, 111 µs per new or queued prompt token,
-# 0.5 ms per ten decoding sequences (SIM-CALIBRATION: Qwen3-14B-FP8 on one GPU).
-DEFAULT_PRIOR = (0.020, 0.111, 0.111, 0.005)
+# Prior, in seconds per feature unit: 20 ms overhead, 111 µs per prompt token to prefill,
+# 20 ms per ten queued requests, 5 ms per ten decoding sequences (SIM-CALIBRATION:
+# Qwen3-14B-FP8 on one GPU).
+DEFAULT_PRIOR = (0.020, 0.111, 0.020, 0.005)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +57,7 @@ class CostParams:
     """Weight of the past per observation (≈ the last 200 observations count)."""
     prior_strength: float = 4.0
     """Initial covariance scale of a new pod's model: larger lets it leave the prior faster."""
-    huber_k: float = 2.5
+    huber_k: float = 3.0
     """Residuals beyond k × the running residual scale are down-weighted."""
     cpu_load_fraction: float = 0.05
     """A CPU-tier block costs this share of a block's prefill to load back."""
@@ -67,6 +71,7 @@ class Prediction:
     ttft_s: float
     own_tokens: float
     queued_tokens: float
+    queued_requests: float
     decoding: float
     coefficients: tuple[float, ...]
 
@@ -75,11 +80,15 @@ class Prediction:
         values = self.features()
         return {name: c * x for name, c, x in zip(FEATURES, self.coefficients, values, strict=True)}
 
+    def own_prefill_s(self) -> float:
+        """The predicted time of this request's own prefill on the pod."""
+        return self.coefficients[1] * self.own_tokens / _TOKEN_UNIT
+
     def features(self) -> tuple[float, float, float, float]:
         return (
             1.0,
-            self.own_tokens / _TOKEN_UNIT,
-            self.queued_tokens / _TOKEN_UNIT,
+            (self.own_tokens + self.queued_tokens) / _TOKEN_UNIT,
+            self.queued_requests / _SEQ_UNIT,
             self.decoding / _SEQ_UNIT,
         )
 
@@ -106,9 +115,12 @@ class TtftModel:
         residual = observed - predicted
         scale = self.residual_scale
         if self.observations == 0 or scale <= 0.0:
-            scale = max(abs(residual), 0.25 * max(observed, 1e-6))
+            # Not the first residual: that may itself be an outlier, and would set the scale.
+            scale = 0.25 * max(predicted, 1e-6)
         bound = self._params.huber_k * scale
-        weight = 1.0 if abs(residual) <= bound else bound / abs(residual)
+        # Beyond the bound, influence falls with the residual (a stall 20× the usual TTFT
+        # hardly moves the model); a shift that lasts still gets through as the scale grows.
+        weight = 1.0 if abs(residual) <= bound else (bound / residual) ** 2
         lam = self._params.forgetting
         p = self._p
         n = len(x)
@@ -123,9 +135,12 @@ class TtftModel:
             row = p[i]
             for j in range(n):
                 row[j] = (row[j] - gi * px[j]) / lam
-        # The scale follows |residual| (clipped, so it adapts but one outlier cannot blow it up).
-        clipped = min(abs(residual), 2.0 * bound)
-        self.residual_scale = clipped if self.observations == 0 else 0.9 * scale + 0.1 * clipped
+        # The scale follows |residual| within the bound; an outlier only widens it by 5 %, so
+        # rare stalls cannot inflate it, while a lasting change widens it within ~20 answers.
+        if abs(residual) <= bound:
+            self.residual_scale = 0.95 * scale + 0.05 * abs(residual)
+        else:
+            self.residual_scale = 1.05 * scale
         self.observations += 1
 
 
@@ -195,6 +210,7 @@ class CostModel:
         if work.unobserved:
             self._expire(work, now)
         queued = work.prefill_tokens
+        queued_requests = float(work.prefilling)
         decoding = float(work.decoding)
         if scraped is not None and scraped.at is not None:
             if work.at_scrape[0] != scraped.at:
@@ -203,17 +219,18 @@ class CostModel:
             others_running = scraped.running - work.at_scrape[2]
             if math.isfinite(others_waiting) and others_waiting > 0:
                 queued += others_waiting * work.mean_tokens
+                queued_requests += others_waiting
             if math.isfinite(others_running) and others_running > 0:
                 decoding += others_running
         own = max(0.0, prompt_tokens - cached_tokens)
         theta = work.model.theta
         ttft = (
             theta[0]
-            + theta[1] * own / _TOKEN_UNIT
-            + theta[2] * queued / _TOKEN_UNIT
+            + theta[1] * (own + queued) / _TOKEN_UNIT
+            + theta[2] * queued_requests / _SEQ_UNIT
             + theta[3] * decoding / _SEQ_UNIT
         )
-        return Prediction(pod, ttft, own, queued, decoding, tuple(theta))
+        return Prediction(pod, ttft, own, queued, queued_requests, decoding, tuple(theta))
 
     def cached_tokens(self, gpu: int, cpu: int, storage: int, expected: int, block: int) -> float:
         """Tokens a pod need not prefill, from its matched blocks per tier."""

@@ -148,6 +148,7 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
         ctx.block_size,
         ctx.rng,
         tie_tolerance=params.number("tie_tolerance", 0.05, high=10.0),
+        prefill_weight=params.number("prefill_weight", 0.0, high=100.0),
         shed=params.flag("shed", ctx.slo_shed),
     )
 

@@ -65,6 +65,10 @@ class MinPredictedTtftPicker:
     """Lowest predicted TTFT first; pods within `tie_tolerance` of the best are ordered by
     cache affinity (more matched blocks first), then at random.
 
+    `prefill_weight` charges the request's own prefill on a pod that much again: the
+    compute a cache miss burns is capacity every later request loses, which this request's
+    own TTFT does not see (0: pure TTFT).
+
     With an SLO (`x-slo-ttft-ms`): the pods predicted to meet it come first, best cache
     affinity first (keeping the cache warm costs nothing the client asked for); if none
     can, the lowest predicted TTFT — or, with `shed`, a 429 + Retry-After.
@@ -80,12 +84,14 @@ class MinPredictedTtftPicker:
         rng: random.Random,
         *,
         tie_tolerance: float = 0.05,
+        prefill_weight: float = 0.0,
         shed: bool = False,
     ) -> None:
         self._cost = cost
         self._block_size = block_size
         self._rng = rng
         self.tie_tolerance = tie_tolerance
+        self.prefill_weight = prefill_weight
         self.shed = shed
 
     def rank(
@@ -116,11 +122,12 @@ class MinPredictedTtftPicker:
                     f"objective (best: {best * 1e3:.0f} ms)",
                     retry_after_s=max(1, round(best - slo + 0.5)),
                 )
-        shuffled.sort(key=lambda pod: predictions[pod.name].ttft_s)
-        best = predictions[shuffled[0].name].ttft_s
-        limit = best * (1.0 + self.tie_tolerance)
+        weight = self.prefill_weight
+        costs = {name: p.ttft_s + weight * p.own_prefill_s() for name, p in predictions.items()}
+        shuffled.sort(key=lambda pod: costs[pod.name])
+        limit = costs[shuffled[0].name] * (1.0 + self.tie_tolerance)
         ties = 1
-        while ties < len(shuffled) and predictions[shuffled[ties].name].ttft_s <= limit:
+        while ties < len(shuffled) and costs[shuffled[ties].name] <= limit:
             ties += 1
         if ties > 1:  # near-equal predictions: keep the cache warm where it already is
             head = sorted(shuffled[:ties], key=lambda pod: -matched(pod.name))

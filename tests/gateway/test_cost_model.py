@@ -1,0 +1,185 @@
+"""The cost model and the min-predicted-TTFT picker: pure, with an injected clock."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from gateway.discovery import Pod
+from gateway.errors import SloUnreachable
+from gateway.registry import PodState
+from gateway.routing import (
+    CostModel,
+    CostParams,
+    MinPredictedTtftPicker,
+    RoutingRequest,
+    predict_all,
+)
+from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
+
+MODEL = "m"
+BLOCK = 16
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pod(name: str) -> PodState:
+    return PodState(Pod(name=name, url=f"http://{name}:8000", model=MODEL))
+
+
+def request(tokens: int, *, slo_s: float | None = None) -> RoutingRequest:
+    return RoutingRequest(MODEL, ModelContext(MODEL), tokens // BLOCK, None, prompt_tokens=tokens,
+                          slo_ttft_s=slo_s)  # fmt: skip
+
+
+def serve(cost: CostModel, clock: Clock, name: str, tokens: int, true_ttft: float) -> float:
+    """Route one streamed request to `name`, answer it after `true_ttft`, finish it."""
+    prediction = cost.predict(name, tokens, 0.0)
+    ticket = cost.start(prediction, streamed=True)
+    clock.now += true_ttft
+    observed = cost.first_byte(ticket)
+    cost.finish(ticket)
+    assert observed == pytest.approx(true_ttft)
+    return prediction.ttft_s
+
+
+def test_learning_converges_on_a_synthetic_pod_despite_outliers() -> None:
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    rng = random.Random(7)
+    errors = []
+    for i in range(400):
+        tokens = rng.randrange(50, 4000)
+        truth = 0.004 + 0.02 * tokens / 1000  # a pod 5× faster than the prior
+        if i % 25 == 0:
+            truth *= 20  # a stalled request now and then must not drag the model
+        predicted = serve(cost, clock, "p", tokens, truth * rng.uniform(0.95, 1.05))
+        if i >= 300 and i % 25:
+            errors.append(abs(predicted - truth) / truth)
+    errors.sort()
+    assert errors[len(errors) // 2] < 0.05
+    assert errors[int(len(errors) * 0.9)] < 0.15
+
+
+def test_a_new_pod_starts_from_the_fleets_model() -> None:
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    for _ in range(200):
+        serve(cost, clock, "old", 1000, 0.030)
+    fresh = cost.predict("new", 1000, 0.0).ttft_s
+    assert fresh == pytest.approx(0.030, rel=0.2)
+
+
+def test_coefficients_never_go_negative() -> None:
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    for tokens in (4000, 10, 3000, 20, 5000):  # bigger prompts answered faster: noise
+        serve(cost, clock, "p", tokens, 0.5 if tokens < 100 else 0.001)
+    assert all(c >= 0.0 for c in cost.model("p").theta)
+
+
+def test_queued_work_is_added_at_decision_and_leaves_at_first_byte() -> None:
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    first = cost.start(cost.predict("p", 2000, 0.0), streamed=True)
+    second = cost.start(cost.predict("p", 1000, 500.0), streamed=True)
+    assert cost.outstanding("p") == (2500.0, 2, 0)
+    assert cost.predict("p", 100, 0.0).queued_tokens == 2500.0
+    cost.first_byte(first)
+    assert cost.outstanding("p") == (500.0, 1, 1)
+    cost.finish(second)  # failed before its first byte
+    cost.finish(first)
+    assert cost.outstanding("p") == (0.0, 0, 0)
+
+
+def test_unstreamed_prefill_is_taken_as_done_at_its_predicted_time() -> None:
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    prediction = cost.predict("p", 1000, 0.0)
+    ticket = cost.start(prediction, streamed=False)
+    assert cost.outstanding("p")[0] == 1000.0
+    clock.now += prediction.ttft_s + 0.001
+    assert cost.outstanding("p") == (0.0, 0, 1)
+    assert cost.first_byte(ticket) is None  # its first byte is its last: not a TTFT
+    cost.finish(ticket)
+    assert cost.outstanding("p") == (0.0, 0, 0)
+    assert cost.model("p").observations == 0
+
+
+def test_other_replicas_queue_comes_from_the_scrape() -> None:
+    from gateway.routing.cost import Scraped
+
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    for _ in range(20):  # our requests here average ~1000 uncached tokens
+        cost.finish(cost.start(cost.predict("p", 1000, 0.0), streamed=True))
+    ours = cost.start(cost.predict("p", 1000, 0.0), streamed=True)
+    # The engine reports 3 waiting: ours plus 2 from other replicas.
+    seen = cost.predict("p", 100, 0.0, Scraped(at=5.0, running=0.0, waiting=3.0))
+    assert seen.queued_tokens == pytest.approx(1000 + 2 * cost._pods["p"].mean_tokens)
+    cost.finish(ours)
+
+
+def _trained_fleet(clock: Clock, speeds: dict[str, float]) -> CostModel:
+    cost = CostModel(clock=clock)
+    rng = random.Random(1)
+    for _ in range(150):
+        for name, slowdown in speeds.items():
+            tokens = rng.randrange(100, 3000)
+            serve(cost, clock, name, tokens, slowdown * (0.005 + 0.03 * tokens / 1000))
+    return cost
+
+
+def test_a_slow_pod_gets_less_traffic() -> None:
+    clock = Clock()
+    cost = _trained_fleet(clock, {"fast": 1.0, "slow": 2.0})
+    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0))
+    pods = [pod("fast"), pod("slow")]
+    chosen: Counter[str] = Counter()
+    tickets = []
+    for _ in range(60):  # a burst of equal requests, none answered yet
+        req = request(1500)
+        ranking = picker.rank(req, pods, {})
+        tickets.append(cost.start(req.state.predictions[ranking[0].name], streamed=True))
+        chosen[ranking[0].name] += 1
+    assert chosen["slow"] > 0  # queueing on the fast pod eventually costs more
+    assert chosen["fast"] >= 1.6 * chosen["slow"]
+
+
+def test_slo_prefers_cache_affinity_among_pods_that_meet_it() -> None:
+    clock = Clock()
+    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
+    for name in ("holder", "idle"):
+        table.register_pod(name, MODEL, publishes_events=False)
+    prompt = list(range(1, 1 + 64 * BLOCK))
+    hashes = table.prefix_hashes(prompt)
+    table.add_prefix("holder", ModelContext(MODEL), hashes)
+    cost = _trained_fleet(clock, {"holder": 1.0, "idle": 1.0})
+    pods = [pod("holder"), pod("idle")]
+    busy = [cost.start(cost.predict("holder", 3000, 0.0), streamed=True) for _ in range(3)]
+    match = table.match(ModelContext(MODEL), hashes, ["holder", "idle"])
+
+    def routed(slo_s: float | None, *, shed: bool = False) -> str:
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), shed=shed)
+        req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
+                             prompt_tokens=len(prompt), slo_ttft_s=slo_s)  # fmt: skip
+        return picker.rank(req, pods, {})[0].name
+
+    plain = predict_all(cost, BLOCK, request(len(prompt)), pods)
+    assert routed(None) == "idle"  # the holder's queue costs more than its cache saves
+    generous = 2 * max(p.ttft_s for p in plain.values())
+    assert routed(generous) == "holder"  # both meet it: keep the cache warm
+    with pytest.raises(SloUnreachable) as refused:
+        routed(0.0001, shed=True)
+    assert refused.value.status == 429 and refused.value.retry_after_s >= 1
+    assert routed(0.0001) == "idle"  # no shedding: the lowest predicted TTFT
+    for ticket in busy:
+        cost.finish(ticket)

@@ -1,0 +1,131 @@
+"""Cost-model routing end to end: predictions on the wire, learning, SLOs, slow pods."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import httpx
+
+from simulator import LatencyModel
+from tests.conftest import StartEngine
+from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
+
+
+def stream_body(user: str, max_tokens: int = 2) -> dict[str, object]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": user}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+
+
+async def stream(client: httpx.AsyncClient, user: str, **headers: str) -> httpx.Response:
+    async with client.stream(
+        "POST", "/v1/chat/completions", json=stream_body(user), headers=headers
+    ) as response:
+        await response.aread()
+        return response
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of a Prometheus text page (0 when absent)."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    prefix = f"{name}{{{wanted}}} " if labels else f"{name} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_streamed_answers_carry_the_prediction_and_train_the_model(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=2)
+    async with gw.client() as client:
+        for i in range(12):
+            response = await stream(client, f"question number {i} " * 20)
+            assert response.status_code == 200
+            predicted = float(response.headers["x-kvgate-predicted-ttft-ms"])
+            assert predicted > 0
+        page = (await client.get("/metrics")).text
+    cost = gw.state.router.cost
+    assert sum(cost.model(name).observations for name in ("e0", "e1")) == 12
+    assert cost.outstanding("e0") == (0.0, 0, 0) and cost.outstanding("e1") == (0.0, 0, 0)
+    observed = sum(
+        metric(page, "kvgate_ttft_prediction_error_seconds_count", pod=name)
+        for name in ("e0", "e1")
+    )
+    assert observed == 12
+    for plugin in ("routable", "predicted-ttft", "min-predicted-ttft", "pin-affinity"):
+        assert metric(page, "kvgate_routing_plugin_seconds_count", plugin=plugin) == 12
+
+
+async def test_a_slower_engine_gets_less_traffic(
+    start_engine: StartEngine, start_gateway: StartGateway
+) -> None:
+    fast = await start_engine(name="fast", latency=LatencyModel(time_scale=2.0))
+    slow = await start_engine(name="slow", latency=LatencyModel(time_scale=0.5))
+    gw = await start_gateway(engines=0, pods=[pod_entry(fast), pod_entry(slow)])
+    served: Counter[str] = Counter()
+
+    async def user(index: int, client: httpx.AsyncClient) -> None:
+        for turn in range(12):
+            response = await stream(client, f"user {index} asks thing {turn}: " + "word " * 150)
+            assert response.status_code == 200
+            served[response.headers["x-kvgate-pod"]] += 1
+
+    async with gw.client() as client:
+        await asyncio.gather(*(user(i, client) for i in range(4)))
+    assert served["slow"] > 0 or served["fast"] == 48
+    assert served["fast"] >= 2 * served["slow"], served
+    models = gw.state.router.cost
+    assert models.model("slow").theta[1] > models.model("fast").theta[1]
+
+
+async def test_ttft_objectives_are_counted_and_shed_when_asked(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=2, slo_shed=True)
+    async with gw.client() as client:
+        bad = await client.post(
+            "/v1/chat/completions", json=stream_body("hi"), headers={"x-slo-ttft-ms": "soon"}
+        )
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == "x-slo-ttft-ms"
+        met = await stream(client, "an easy one", **{"x-slo-ttft-ms": "60000"})
+        assert met.status_code == 200
+        shed = await client.post(
+            "/v1/chat/completions", json=stream_body("hi"), headers={"x-slo-ttft-ms": "0.001"}
+        )
+        assert shed.status_code == 429
+        assert int(shed.headers["retry-after"]) >= 1
+        assert shed.json()["error"]["code"] == "slo_unreachable"
+        page = (await client.get("/metrics")).text
+    for outcome, count in (("predicted_met", 1), ("observed_met", 1), ("shed", 1)):
+        assert metric(page, "kvgate_slo_ttft_total", outcome=outcome) == count, outcome
+    assert metric(page, "kvgate_slo_ttft_total", outcome="predicted_missed") == 0
+
+
+async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGateway) -> None:
+    gw: Gateway = await start_gateway(engines=2)
+    async with gw.admin() as admin:
+        explained = (await admin.post("/admin/match", json=stream_body("explain " * 40))).json()
+        least = (
+            await admin.post(
+                "/admin/match",
+                json=stream_body("explain " * 40),
+                headers={"x-kvgate-policy": "least-request"},
+            )
+        ).json()
+    for view in (explained, least):  # predicted for every pod, whatever the policy
+        for pod in view["pods"].values():
+            assert pod["predicted_ttft_ms"] > 0
+            prediction = pod["prediction"]
+            assert prediction["own_uncached_tokens"] > 0
+            assert set(prediction["terms_ms"]) == {
+                "base", "prefill_tokens", "queued_requests", "decoding"
+            }  # fmt: skip
+            total = sum(prediction["terms_ms"].values())
+            assert abs(total - pod["predicted_ttft_ms"]) < 1e-6

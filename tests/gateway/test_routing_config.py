@@ -1,0 +1,115 @@
+"""Routing configs: the built-ins are one, files round-trip, mistakes stop start-up."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.router import build_policies
+from gateway.routing import load_specs
+from gateway.routing.config import BUILTIN, normalise, read_config
+from gateway.settings import POLICIES, Settings
+from indexer import ConfigError
+
+
+def test_the_builtin_policies_are_a_routing_config() -> None:
+    specs = load_specs(None)
+    assert set(specs) == set(POLICIES)
+    assert specs == normalise(read_config(BUILTIN), "builtin")
+
+
+@pytest.mark.parametrize("suffix", [".toml", ".yaml"])
+def test_a_config_file_round_trips_to_the_builtin_profiles(tmp_path: Path, suffix: str) -> None:
+    builtin = build_policies(Settings(), random.Random(0))
+    path = tmp_path / f"routing{suffix}"
+    if suffix == ".toml":
+        path.write_bytes(BUILTIN.read_bytes())
+    else:
+        path.write_text(yaml.safe_dump({"profiles": read_config(BUILTIN)["profiles"]}))
+    loaded = build_policies(Settings(routing_config=path), random.Random(0))
+    assert {name: p.spec for name, p in loaded.items()} == {
+        name: p.spec for name, p in builtin.items()
+    }
+    for name, profile in loaded.items():
+        other = builtin[name]
+        assert [f.name for f in profile.filters] == [f.name for f in other.filters]
+        assert [(w.scorer.name, w.weight) for w in profile.scorers] == [
+            (w.scorer.name, w.weight) for w in other.scorers
+        ]
+        assert profile.picker.name == other.picker.name
+        assert [p.name for p in profile.preferences] == [p.name for p in other.preferences]
+
+
+def test_a_config_adds_profiles_and_replaces_builtins(tmp_path: Path) -> None:
+    path = tmp_path / "routing.yaml"
+    path.write_text(
+        "profiles:\n"
+        "  cheap-first:\n"
+        "    filters: [routable, {type: hot-spot-guard, margin: 3}]\n"
+        "    scorers: [{type: load, weight: 2.0, scale: 4}]\n"
+        "    picker: max-score\n"
+        "  prefix-cache:\n"
+        "    scorers: [predicted-ttft]\n"
+        "    picker: {type: min-predicted-ttft, prefill_weight: 0.5}\n"
+    )
+    policies = build_policies(Settings(routing_config=path, default_policy="cheap-first"),
+                              random.Random(0))  # fmt: skip
+    assert set(policies) == {*POLICIES, "cheap-first"}
+    cheap = policies["cheap-first"]
+    assert cheap.filters[1].margin == 3  # type: ignore[attr-defined]
+    assert cheap.scorers[0].weight == 2.0
+    assert not cheap.uses_prefix
+    assert policies["prefix-cache"].picker.prefill_weight == 0.5  # type: ignore[attr-defined]
+    assert policies["prefix-cache"].filters == []
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[profiles.x]\npicker = "fastest"\n', "fastest"),
+        ('[profiles.x]\nfilters = ["routable", "nope"]\npicker = "random"\n', "nope"),
+        ('[profiles.x]\nscorers = [{ type = "load", scael = 2 }]\npicker = "max-score"\n',
+         "scael"),
+        ('[profiles.x]\nscorers = [{ type = "load", weight = "heavy" }]\npicker = "max-score"\n',
+         "weight"),
+        ('[profiles.x]\npicker = { type = "min-predicted-ttft", shed = "yes" }\n', "shed"),
+        ('[profiles.x]\nfilters = [{ type = "hot-spot-guard", margin = 0 }]\npicker = "random"\n',
+         "margin"),
+        ('[profiles.x]\nscorers = ["load"]\n', "picker"),
+        ('[profiles.x]\npicker = "random"\nfliters = []\n', "fliters"),
+        ("[profiles.x\n", "TOML"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_names_what_is_wrong(tmp_path: Path, text: str, named: str) -> None:
+    path = tmp_path / "routing.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        build_policies(Settings(routing_config=path), random.Random(0))
+    assert named in str(refused.value)
+
+
+def test_an_unknown_default_policy_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "routing.toml"
+    path.write_text('[profiles.mine]\npicker = "random"\n')
+    with pytest.raises(ConfigError, match="KVGATE_DEFAULT_POLICY"):
+        build_policies(Settings(routing_config=path, default_policy="yours"), random.Random(0))
+
+
+def test_serve_refuses_a_bad_routing_config_at_start(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.json"
+    pods.write_text('{"pods": [{"name": "a", "url": "http://127.0.0.1:9", "model": "m"}]}')
+    config = tmp_path / "routing.toml"
+    config.write_text('[profiles.x]\nscorers = [{ type = "prefix", gpu_weight = 2 }]\n'
+                      'picker = "max-score"\n')  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
+         "--routing-config", str(config), "--port", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "gpu_weight" in done.stderr and "profile x" in done.stderr
