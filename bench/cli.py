@@ -33,6 +33,10 @@ _BENCHMARKS: dict[str, tuple[str | None, str]] = {
         "bench.routing.cli",
         "routing quality (TTFT, hit rate, throughput) per policy and workload",
     ),
+    "decision": (
+        "bench.decision_bench",
+        "CPU cost of one routing decision per policy with 64 pods, tokenization excluded",
+    ),
     "chaos": (
         "bench.chaos.runner",
         "fault injection: index divergence and convergence time after each fault",

@@ -10,6 +10,7 @@ from indexer import SyncPrefixHashTable
 from subscriber import PodEndpoint, PodSubscriberStatus, SubscriberManager
 
 logger = logging.getLogger(__name__)
+_MAX_CACHED_MODELS = 1024
 
 
 @dataclass(slots=True)
@@ -50,6 +51,8 @@ class PodRegistry:
         self._table = table
         self._subscribers = subscribers
         self._pods: dict[str, PodState] = {}
+        self._serving: dict[str, list[PodState]] = {}
+        """Per model, its pods (the request path asks for every request; reset on changes)."""
 
     # -- PodListener ----------------------------------------------------------------------
 
@@ -60,6 +63,7 @@ class PodRegistry:
             logger.info("pod %s added (%s, model %s)", pod.name, pod.url, pod.model)
         else:
             state.pod = pod
+        self._serving.clear()
         subscribed = self._subscribers is not None and pod.name in self._subscribers.pods()
         # A pod that is not Ready keeps its subscriber and index: it is only not routed. Its
         # cache survives a readiness blip (an engine under load), and so must our view of it.
@@ -75,6 +79,7 @@ class PodRegistry:
     async def remove_pod(self, name: str) -> None:
         if self._pods.pop(name, None) is None:
             return
+        self._serving.clear()
         if self._subscribers is not None and name in self._subscribers.pods():
             await self._unsubscribe(name)
         self._table.remove_pod(name)
@@ -93,8 +98,14 @@ class PodRegistry:
         return list(self._pods.values())
 
     def serving(self, model: str) -> list[PodState]:
-        """Pods that serve `model` (as base model or LoRA adapter), routable or not."""
-        return [state for state in self._pods.values() if state.pod.serves(model)]
+        """Pods that serve `model` (as base model or LoRA adapter), routable or not (a new
+        list: callers may change it)."""
+        pods = self._serving.get(model)
+        if pods is None:
+            if len(self._serving) >= _MAX_CACHED_MODELS:  # any client may name any model
+                self._serving.clear()
+            pods = self._serving[model] = [s for s in self._pods.values() if s.pod.serves(model)]
+        return list(pods)
 
     def models(self) -> list[str]:
         names: dict[str, None] = {}

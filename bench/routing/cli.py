@@ -11,7 +11,14 @@ from bench.results_io import RESULTS_DIR
 from bench.routing.routers import KVGATE_POLICIES, PEERS
 from bench.routing.workloads import WORKLOADS, WorkloadSize
 
-DEFAULT_ROUTERS = ("prefix-cache", "prefix-share", "least-request", "round-robin", "random", "oracle")
+DEFAULT_ROUTERS = (
+    "prefix-cache",
+    "prefix-share",
+    "least-request",
+    "round-robin",
+    "random",
+    "oracle",
+)
 SWEEP_LOADS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2)
 
 

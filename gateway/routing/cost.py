@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 FEATURES = ("base", "prefill_tokens", "queued_requests", "decoding")
 """Names of the model's terms, in coefficient order (for /admin/match and the docs)."""
@@ -65,8 +66,10 @@ class CostParams:
     prior: tuple[float, float, float, float] = DEFAULT_PRIOR
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
+class Prediction(NamedTuple):
+    """One pod's predicted TTFT for one request, with its inputs (a tuple: one is made per
+    candidate per decision, and a tuple is the cheapest object to make)."""
+
     pod: str
     ttft_s: float
     own_tokens: float
@@ -173,15 +176,6 @@ class Ticket:
     """prefill → decode → done."""
 
 
-@dataclass(frozen=True, slots=True)
-class Scraped:
-    """The engine's own counts at its last scrape (all gateway replicas' requests)."""
-
-    at: float | None
-    running: float
-    waiting: float
-
-
 class CostModel:
     """Outstanding work and TTFT models for every pod; one per gateway, on the event loop."""
 
@@ -201,10 +195,13 @@ class CostModel:
         pod: str,
         prompt_tokens: int,
         cached_tokens: float,
-        scraped: Scraped | None = None,
+        scraped_at: float | None = None,
+        running: float = 0.0,
+        waiting: float = 0.0,
     ) -> Prediction:
         """Predicted TTFT of a new request on `pod` given how much of its prompt the pod
-        holds (`cached_tokens`, already weighted by tier load cost)."""
+        holds (`cached_tokens`, already weighted by tier load cost), and the engine's own
+        running and waiting counts at its last scrape (every gateway replica's requests)."""
         work = self._work(pod)
         now = self._clock()
         if work.unobserved:
@@ -212,11 +209,11 @@ class CostModel:
         queued = work.prefill_tokens
         queued_requests = float(work.prefilling)
         decoding = float(work.decoding)
-        if scraped is not None and scraped.at is not None:
-            if work.at_scrape[0] != scraped.at:
-                work.at_scrape = (scraped.at, work.prefilling, work.decoding)
-            others_waiting = scraped.waiting - work.at_scrape[1]
-            others_running = scraped.running - work.at_scrape[2]
+        if scraped_at is not None:
+            if work.at_scrape[0] != scraped_at:
+                work.at_scrape = (scraped_at, work.prefilling, work.decoding)
+            others_waiting = waiting - work.at_scrape[1]
+            others_running = running - work.at_scrape[2]
             if math.isfinite(others_waiting) and others_waiting > 0:
                 queued += others_waiting * work.mean_tokens
                 queued_requests += others_waiting

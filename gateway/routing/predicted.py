@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from gateway.errors import SloUnreachable
 from gateway.registry import PodState
-from gateway.routing.cost import CostModel, Prediction, Scraped
+from gateway.routing.cost import CostModel, Prediction
 from gateway.routing.request import RoutingRequest
 from indexer import Tier
 
@@ -37,8 +37,9 @@ def predict_all(
                 counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE],
                 counts[Tier.EXPECTED], block_size,
             )  # fmt: skip
-        scraped = Scraped(pod.scraped_at, pod.running, pod.waiting)
-        predictions[pod.name] = cost.predict(pod.name, tokens, cached, scraped)
+        name = pod.pod.name
+        predictions[name] = cost.predict(name, tokens, cached, pod.scraped_at, pod.running,
+                                         pod.waiting)  # fmt: skip
     return predictions
 
 
@@ -104,32 +105,47 @@ class MinPredictedTtftPicker:
             return []
         predictions = predict_all(self._cost, self._block_size, request, pods)
         match = request.match
-        matched = match.matched if match is not None else (lambda name: 0)
-        shuffled = list(pods)
-        self._rng.shuffle(shuffled)
+        matched = match.matched if match is not None else _nothing
         slo = request.slo_ttft_s
         if slo is not None:
-            meeting = [pod for pod in shuffled if predictions[pod.name].ttft_s <= slo]
+            meeting = [pod for pod in pods if predictions[pod.pod.name].ttft_s <= slo]
             if meeting:
-                meeting.sort(key=lambda pod: (-matched(pod.name), predictions[pod.name].ttft_s))
-                rest = [pod for pod in shuffled if predictions[pod.name].ttft_s > slo]
-                rest.sort(key=lambda pod: predictions[pod.name].ttft_s)
+                meeting.sort(key=lambda pod: (-matched(pod.pod.name),
+                                              predictions[pod.pod.name].ttft_s))  # fmt: skip
+                rest = [pod for pod in pods if predictions[pod.pod.name].ttft_s > slo]
+                rest.sort(key=lambda pod: predictions[pod.pod.name].ttft_s)
                 return meeting + rest
             if self.shed:
-                best = min(predictions[pod.name].ttft_s for pod in pods)
+                best = min(predictions[pod.pod.name].ttft_s for pod in pods)
                 raise SloUnreachable(
                     f"no pod is predicted to answer within the {slo * 1e3:.0f} ms TTFT "
                     f"objective (best: {best * 1e3:.0f} ms)",
                     retry_after_s=max(1, round(best - slo + 0.5)),
                 )
         weight = self.prefill_weight
-        costs = {name: p.ttft_s + weight * p.own_prefill_s() for name, p in predictions.items()}
-        shuffled.sort(key=lambda pod: costs[pod.name])
-        limit = costs[shuffled[0].name] * (1.0 + self.tie_tolerance)
+        costs = {
+            name: p.ttft_s + weight * p.own_prefill_s() if weight else p.ttft_s
+            for name, p in predictions.items()
+        }
+        ranking = sorted(pods, key=lambda pod: costs[pod.pod.name])
+        limit = costs[ranking[0].pod.name] * (1.0 + self.tie_tolerance)
         ties = 1
-        while ties < len(shuffled) and costs[shuffled[ties].name] <= limit:
+        while ties < len(ranking) and costs[ranking[ties].pod.name] <= limit:
             ties += 1
-        if ties > 1:  # near-equal predictions: keep the cache warm where it already is
-            head = sorted(shuffled[:ties], key=lambda pod: -matched(pod.name))
-            shuffled[:ties] = head
-        return shuffled
+        if ties > 1:
+            # Near-equal predictions: keep the cache warm where it already is; among pods
+            # that hold as much, a random one (no pod is favoured by its place in the list).
+            head = sorted(ranking[:ties], key=lambda pod: -matched(pod.pod.name))
+            most = matched(head[0].pod.name)
+            equal = 1
+            while equal < len(head) and matched(head[equal].pod.name) == most:
+                equal += 1
+            if equal > 1:
+                pick = self._rng.randrange(equal)
+                head.insert(0, head.pop(pick))
+            ranking[:ties] = head
+        return ranking
+
+
+def _nothing(pod: str) -> int:
+    return 0

@@ -12,7 +12,6 @@ from gateway.errors import SloUnreachable
 from gateway.registry import PodState
 from gateway.routing import (
     CostModel,
-    CostParams,
     MinPredictedTtftPicker,
     RoutingRequest,
     predict_all,
@@ -115,15 +114,13 @@ def test_unstreamed_prefill_is_taken_as_done_at_its_predicted_time() -> None:
 
 
 def test_other_replicas_queue_comes_from_the_scrape() -> None:
-    from gateway.routing.cost import Scraped
-
     clock = Clock()
     cost = CostModel(clock=clock)
     for _ in range(20):  # our requests here average ~1000 uncached tokens
         cost.finish(cost.start(cost.predict("p", 1000, 0.0), streamed=True))
     ours = cost.start(cost.predict("p", 1000, 0.0), streamed=True)
     # The engine reports 3 waiting: ours plus 2 from other replicas.
-    seen = cost.predict("p", 100, 0.0, Scraped(at=5.0, running=0.0, waiting=3.0))
+    seen = cost.predict("p", 100, 0.0, 5.0, running=0.0, waiting=3.0)
     assert seen.queued_tokens == pytest.approx(1000 + 2 * cost._pods["p"].mean_tokens)
     cost.finish(ours)
 

@@ -58,7 +58,7 @@ async def test_streamed_answers_carry_the_prediction_and_train_the_model(
         for name in ("e0", "e1")
     )
     assert observed == 12
-    for plugin in ("routable", "predicted-ttft", "min-predicted-ttft", "pin-affinity"):
+    for plugin in ("routable", "min-predicted-ttft", "pin-affinity"):
         assert metric(page, "kvgate_routing_plugin_seconds_count", plugin=plugin) == 12
 
 
