@@ -162,7 +162,7 @@ async def _start(
         pins=pin_lookup,
         max_prompt_tokens=settings.max_prompt_tokens,
     )
-    metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None)
+    metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None, cost)
     gateway = GatewayState(
         settings=settings,
         table=table,

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.registry import PodRegistry
+from gateway.routing.cost import FEATURES, CostModel
 from indexer import SyncPrefixHashTable
 from subscriber import RejectCounter
 
@@ -175,8 +176,9 @@ class GatewayMetrics:
         pods: PodRegistry,
         table: SyncPrefixHashTable,
         rejects: Callable[[], RejectCounter | None],
+        cost: CostModel,
     ) -> None:
-        self.registry.register(_FleetCollector(pods, table, rejects))
+        self.registry.register(_FleetCollector(pods, table, rejects, cost))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,7 @@ class _FleetCollector(Collector):
     pods: PodRegistry
     table: SyncPrefixHashTable
     rejects: Callable[[], RejectCounter | None]
+    cost: CostModel
 
     def collect(self) -> Iterator[Metric]:
         yield from self._pods()
@@ -199,13 +202,31 @@ class _FleetCollector(Collector):
             "kvgate_pod_load", "Engine load as scraped (running, waiting, kv_usage)",
             labels=["pod", "gauge"],
         )  # fmt: skip
+        coefficients = GaugeMetricFamily(
+            "kvgate_cost_model_coefficient",
+            "The pod's learned TTFT model: seconds per unit of each term (base; per 1,000 "
+            "prefill tokens; per 10 queued requests; per 10 decoding sequences)",
+            labels=["pod", "term"],
+        )
+        queued = GaugeMetricFamily(
+            "kvgate_queued_prefill_tokens",
+            "Uncached prompt tokens this gateway sent to the pod whose first byte has not come "
+            "back (the cost model's queue)",
+            labels=["pod"],
+        )
         for state in self.pods.all():
             healthy.add_metric([state.name], float(state.pod.ready and state.healthy))
             load.add_metric([state.name, "running"], state.running)
             load.add_metric([state.name, "waiting"], state.waiting)
             load.add_metric([state.name, "kv_usage"], state.kv_usage)
+            theta = self.cost.coefficients(state.name)
+            for term, value in zip(FEATURES, theta, strict=True):
+                coefficients.add_metric([state.name, term], value)
+            queued.add_metric([state.name], self.cost.outstanding(state.name)[0])
         yield healthy
         yield load
+        yield coefficients
+        yield queued
 
     def _subscribers(self) -> Iterator[Metric]:
         families = {

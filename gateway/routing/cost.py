@@ -293,6 +293,11 @@ class CostModel:
     def model(self, pod: str) -> TtftModel:
         return self._work(pod).model
 
+    def coefficients(self, pod: str) -> tuple[float, ...]:
+        """The pod's learned coefficients (the fleet's for a pod not routed to yet)."""
+        work = self._pods.get(pod)
+        return tuple((work.model if work is not None else self.fleet).theta)
+
     def outstanding(self, pod: str) -> tuple[float, int, int]:
         """(queued prefill tokens, requests prefilling, requests decoding) of ours on `pod`."""
         work = self._pods.get(pod)
