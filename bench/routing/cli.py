@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from bench.results_io import RESULTS_DIR
-from bench.routing.routers import KVGATE_POLICIES, PEERS
+from bench.routing.routers import BASELINES, KVGATE_POLICIES, PEERS
 from bench.routing.workloads import WORKLOADS, WorkloadSize
 
 DEFAULT_ROUTERS = (
@@ -53,9 +53,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--routers",
-        type=_names((*KVGATE_POLICIES, "oracle", *PEERS)),
+        type=_names((*KVGATE_POLICIES, *BASELINES, *PEERS)),
         default=list(DEFAULT_ROUTERS),
-        help="comma-separated routers (default: the 4 kvgate policies and the oracle)",
+        help="comma-separated routers (default: kvgate's prefix-cache, prefix-share, "
+        "least-request, round-robin, random, the sticky-rr baseline and the oracle)",
     )
     add(
         "--peers",

@@ -6,6 +6,8 @@ where a conversation goes matters. With `engines` ≥ 4 each engine gets
 `slack × working set / engines` blocks, capped at a quarter of the working set; never less
 than two of the largest requests at once (the engine must be able to run them).
 
+`hetero`: the second half of the engines get every latency coefficient × the slowdown.
+
 Capacity: the rate the fleet could serve if every request found its reusable prefix cached
 (the previous turn's prompt, or the shared system prompt for a first turn), from the
 simulator's own latency model: prefill of the new tokens plus the request's share of full
@@ -16,6 +18,7 @@ cache needs more engine time per request and saturates earlier.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import random
 from collections.abc import Sequence
@@ -36,9 +39,28 @@ class FleetPlan:
     time_scale: float
     max_batch: int = 32
     latency: LatencyModel = field(default_factory=LatencyModel)
+    slowdown: float = 1.0
+    """The second half of the engines (e4..e7 of 8) are this much slower at everything."""
 
-    def sim_args(self) -> list[str]:
+    def slow(self, index: int) -> bool:
+        return self.slowdown != 1.0 and index >= self.engines - self.engines // 2
+
+    def engine_latency(self, index: int) -> LatencyModel:
+        if not self.slow(index):
+            return self.latency
+        factor = self.slowdown
         latency = self.latency
+        return dataclasses.replace(
+            latency,
+            request_overhead_ms=latency.request_overhead_ms * factor,
+            prefill_us_per_token=latency.prefill_us_per_token * factor,
+            prefill_us_per_token_sq=latency.prefill_us_per_token_sq * factor,
+            decode_ms_per_token=latency.decode_ms_per_token * factor,
+            decode_ms_per_seq=latency.decode_ms_per_seq * factor,
+        )
+
+    def sim_args(self, index: int = 0) -> list[str]:
+        latency = self.engine_latency(index)
         return [
             "--request-overhead-ms", str(latency.request_overhead_ms),
             "--prefill-us-per-token", str(latency.prefill_us_per_token),
@@ -56,6 +78,7 @@ def plan_fleet(
     slack: float = 1.5,
     max_batch: int = 32,
     latency: LatencyModel | None = None,
+    slowdown: float = 1.0,
 ) -> FleetPlan:
     working_set = script.working_set_tokens()
     per_engine = working_set / engines
@@ -63,12 +86,15 @@ def plan_fleet(
         per_engine = min(slack * per_engine, working_set / 4)
     blocks = math.ceil(per_engine / BLOCK_SIZE)
     floor = 2 * math.ceil(script.longest_request_tokens() / BLOCK_SIZE) + 8
-    return FleetPlan(engines, max(blocks, floor), time_scale, max_batch, latency or LatencyModel())
+    return FleetPlan(
+        engines, max(blocks, floor), time_scale, max_batch, latency or LatencyModel(), slowdown
+    )
 
 
-def ideal_service_seconds(script: Script, plan: FleetPlan) -> float:
-    """Mean model seconds of engine time per request when every reusable prefix is cached."""
-    latency = plan.latency
+def ideal_service_seconds(script: Script, plan: FleetPlan, index: int = 0) -> float:
+    """Mean model seconds of engine `index`'s time per request when every reusable prefix
+    is cached."""
+    latency = plan.engine_latency(index)
     total = 0.0
     decode_per_token = latency.decode_ms_per_token / plan.max_batch + latency.decode_ms_per_seq
     for conversation in script.conversations:
@@ -83,8 +109,10 @@ def ideal_service_seconds(script: Script, plan: FleetPlan) -> float:
 
 
 def capacity_rps(script: Script, plan: FleetPlan) -> float:
-    """Ideal fleet capacity in requests per model second."""
-    return plan.engines / ideal_service_seconds(script, plan)
+    """Ideal fleet capacity in requests per model second (each engine at its own speed)."""
+    fast = ideal_service_seconds(script, plan, 0)
+    slow = ideal_service_seconds(script, plan, plan.engines - 1) if plan.slowdown != 1.0 else fast
+    return sum(1 / (slow if plan.slow(i) else fast) for i in range(plan.engines))
 
 
 class _OneEngine(SimFleet):
@@ -109,7 +137,7 @@ class EngineProcesses:
                 FleetSpec(1, plan.gpu_blocks, plan.time_scale, plan.max_batch, seed + index),
                 log_dir / f"engine-{index}.log",
                 f"e{index}",
-                plan.sim_args(),
+                plan.sim_args(index),
             )
             for index in range(plan.engines)
         ]

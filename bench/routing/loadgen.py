@@ -72,6 +72,8 @@ class Record:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    predicted_ttft_s: float | None = None
+    """kvgate's prediction for the pod that served (`x-kvgate-predicted-ttft-ms`), if any."""
 
 
 class _Stream:
@@ -107,10 +109,12 @@ async def send(
     started = time.perf_counter()
     stream = _Stream(started)
     status, error = 0, None
+    predicted: float | None = None
     try:
         url = f"{spec.router_url}/v1/chat/completions"
         async with client.stream("POST", url, json=body, headers=headers) as response:
             status = response.status_code
+            predicted = _seconds(response.headers.get("x-kvgate-predicted-ttft-ms"))
             if status != 200:
                 error = f"HTTP {status}: {(await response.aread())[:200]!r}"
             else:
@@ -140,7 +144,15 @@ async def send(
         prompt_tokens=_int(usage.get("prompt_tokens")),
         cached_tokens=_int(cached),
         completion_tokens=_int(usage.get("completion_tokens")),
+        predicted_ttft_s=predicted,
     )
+
+
+def _seconds(milliseconds: str | None) -> float | None:
+    try:
+        return float(milliseconds) / 1e3 if milliseconds is not None else None
+    except ValueError:
+        return None
 
 
 def _int(value: object) -> int:

@@ -16,10 +16,10 @@ import contextlib
 import json
 import random
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import uvicorn
@@ -78,10 +78,18 @@ class Oracle:
         tokens = self._template.render(body["messages"], add_generation_prompt=True)
         return [int_hash(digest) for digest in self._hasher.chain(tokens)]
 
-    def pick(self, keys: list[int]) -> Engine:
+    def pick(self, body: dict[str, Any], headers: Mapping[str, str]) -> Engine:
+        keys = self.keys(body)
         order = list(self.engines)
         self._rng.shuffle(order)
         return max(order, key=lambda e: (e.matched(keys), -e.inflight))
+
+    async def run(self, ready: asyncio.Event) -> None:
+        context = zmq.asyncio.Context()
+        try:
+            await self.listen(context, ready)
+        finally:
+            context.term()
 
     async def listen(self, context: zmq.asyncio.Context, ready: asyncio.Event) -> None:
         sockets = {}
@@ -103,7 +111,19 @@ class Oracle:
                 socket.close(linger=0)
 
 
-def create_app(oracle: Oracle) -> Starlette:
+class BaselineRouter(Protocol):
+    """A benchmark-only router: which engine a request goes to, and what it runs meanwhile."""
+
+    engines: list[Engine]
+
+    def pick(self, body: dict[str, Any], headers: Mapping[str, str]) -> Engine: ...
+
+    async def run(self, ready: asyncio.Event) -> None:
+        """Runs for the app's life; sets `ready` once requests may come."""
+
+
+def create_app(oracle: BaselineRouter) -> Starlette:
+    """The router as an OpenAI chat endpoint that streams the chosen engine's answer."""
     client = httpx.AsyncClient(
         timeout=httpx.Timeout(600.0, connect=5.0),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
@@ -113,7 +133,7 @@ def create_app(oracle: Oracle) -> Starlette:
     async def chat(request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw)
-        engine = oracle.pick(oracle.keys(body))
+        engine = oracle.pick(body, request.headers)
         engine.inflight += 1
         upstream = client.build_request(
             "POST",
@@ -149,31 +169,35 @@ def create_app(oracle: Oracle) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        context = zmq.asyncio.Context()
-        listener = asyncio.create_task(oracle.listen(context, ready), name="oracle-events")
+        background = asyncio.create_task(oracle.run(ready), name="baseline-router")
         try:
             yield
         finally:
-            listener.cancel()
+            background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await listener
+                await background
             await client.aclose()
-            context.term()
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
-        Route("/oracle/state", state, methods=["GET"]),
+        Route("/router/state", state, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def main(argv: list[str]) -> int:
-    pods_file, port = Path(argv[0]), int(argv[1])
-    pods = json.loads(pods_file.read_text())["pods"]
-    oracle = Oracle([Engine(p["name"], p["url"], p["events"]) for p in pods])
-    uvicorn.run(create_app(oracle), host="127.0.0.1", port=port, log_level="warning", loop="uvloop")
+def serve(router: BaselineRouter, port: int) -> int:
+    uvicorn.run(create_app(router), host="127.0.0.1", port=port, log_level="warning", loop="uvloop")
     return 0
+
+
+def engines_of(pods_file: Path) -> list[Engine]:
+    pods = json.loads(pods_file.read_text())["pods"]
+    return [Engine(p["name"], p["url"], p["events"]) for p in pods]
+
+
+def main(argv: list[str]) -> int:
+    return serve(Oracle(engines_of(Path(argv[0]))), int(argv[1]))
 
 
 if __name__ == "__main__":

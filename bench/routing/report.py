@@ -10,6 +10,10 @@ from bench.results_io import pyplot
 from bench.routing.summary import RunResult
 
 ORACLE = "oracle"
+STICKY = "sticky-rr"
+DEFAULT = "prefix-cache"
+VIP_P90_BEFORE_MS = 266.0
+"""prefix-share's VIP TTFT p90 on vip-flood when it was the default (docs/benchmarks.md)."""
 
 
 def _ms(value: float) -> str:
@@ -53,39 +57,73 @@ def title(first: RunResult) -> str:
 
 
 def check_targets(results: Sequence[RunResult]) -> list[str]:
-    """Issue 8's targets, where this run has what they compare."""
+    """The routing issue's targets, where this run has what they compare (the default
+    policy is `prefix-cache`)."""
     by = {r.router: r for r in results}
-    best = by.get("prefix-cache")
+    best = by.get(DEFAULT)
     if best is None or not results:
         return []
     lines: list[str] = []
     workload = results[0].workload
-    others = [r for r in results if r.router not in ("prefix-cache", ORACLE)]
+    ours = best.ttft_ms["p90"]
+    others = [r for r in results if r.router not in (DEFAULT, ORACLE)]
+    if others:
+        low = min(others, key=lambda r: r.ttft_ms["p90"])
+        theirs = low.ttft_ms["p90"]
+        lines.append(_mark(ours <= 1.05 * theirs,
+                           "lowest TTFT p90 of the non-oracle routers (or within 5 %)",
+                           f"{ours:,.0f} vs {low.router} {theirs:,.0f} ms"))  # fmt: skip
+    if STICKY in by:
+        sticky = by[STICKY]
+        for pct in ("p90", "p99"):
+            mine, theirs = best.ttft_ms[pct], sticky.ttft_ms[pct]
+            lines.append(_mark(mine <= 1.05 * theirs, f"TTFT {pct} ≤ sticky-rr's (+5 %)",
+                               f"{mine:,.0f} vs {theirs:,.0f} ms"))  # fmt: skip
+    rr = by.get("round-robin")
     if workload == "chat":
-        if others:
-            top_hit = max(r.hit_rate for r in others)
-            low_p90 = min(r.ttft_ms["p90"] for r in others)
-            lines.append(_mark(best.hit_rate >= top_hit, "highest hit rate of non-oracle routers",
-                               f"{best.hit_rate:.1%} vs best other {top_hit:.1%}"))  # fmt: skip
-            ours = best.ttft_ms["p90"]
-            lines.append(_mark(ours <= low_p90, "lowest TTFT p90 of non-oracle",
-                               f"{ours:,.0f} vs best other {low_p90:,.0f} ms"))  # fmt: skip
-        if "round-robin" in by:
-            ratio = by["round-robin"].ttft_ms["p90"] / best.ttft_ms["p90"]
+        if rr is not None:
+            ratio = rr.ttft_ms["p90"] / ours
             lines.append(_mark(ratio >= 3, "TTFT p90 ≥ 3× lower than round-robin", f"{ratio:.1f}×"))
         if ORACLE in by and by[ORACLE].hit_rate > 0:
             share = best.hit_rate / by[ORACLE].hit_rate
             lines.append(_mark(share >= 0.9, "hit rate ≥ 90 % of the oracle's", f"{share:.0%}"))
-    if workload == "unique" and "least-request" in by:
-        base = by["least-request"]
-        for label, ours, theirs in (
-            ("TTFT p90", best.ttft_ms["p90"], base.ttft_ms["p90"]),
-            ("TTFT p50", best.ttft_ms["p50"], base.ttft_ms["p50"]),
-        ):
-            change = ours / theirs - 1 if theirs else math.nan
-            lines.append(_mark(change <= 0.05, f"{label} within 5 % of least-request",
-                               f"{change:+.1%}"))  # fmt: skip
+    if workload in ("unique", "vip-flood") and rr is not None:
+        lines.append(_mark(ours <= rr.ttft_ms["p90"], "TTFT p90 ≤ round-robin's",
+                           f"{ours:,.0f} vs {rr.ttft_ms['p90']:,.0f} ms"))  # fmt: skip
+    if workload == "vip-flood" and "vip" in best.by_tag:
+        vip = best.by_tag["vip"]["ttft_p90"]
+        lines.append(_mark(vip <= VIP_P90_BEFORE_MS, "VIP TTFT p90 no worse than before (266 ms)",
+                           f"{vip:,.0f} ms"))  # fmt: skip
+    if workload == "hetero" and "prefix-share" in by:
+        ratio = by["prefix-share"].ttft_ms["p90"] / ours
+        lines.append(
+            _mark(ratio >= 1.5, "TTFT p90 ≥ 1.5× lower than prefix-share", f"{ratio:.2f}×")
+        )
+    if workload == "one-prompt":
+        top = max(best.engine_share.values(), default=0.0)
+        lines.append(
+            _mark(top <= 0.65, "no engine serves more than 65 % of requests", f"{top:.0%}")
+        )
+        if rr is not None:
+            lines.append(_mark(best.hit_rate >= rr.hit_rate, "hit rate ≥ round-robin's",
+                               f"{best.hit_rate:.1%} vs {rr.hit_rate:.1%}"))  # fmt: skip
+    if workload in ("chat", "agent", "unique", "hetero") and best.prediction:
+        error = best.prediction["rel_err_p90"]
+        lines.append(_mark(error <= 0.25, "prediction |error| p90 ≤ 25 % of the observed TTFT",
+                           f"{error:.0%}"))  # fmt: skip
     return lines
+
+
+def prediction_lines(results: Sequence[RunResult]) -> list[str]:
+    """Each predicting router's accuracy: observed (client) vs predicted TTFT."""
+    return [
+        f"  {r.router}: {int(r.prediction['n'])} requests, |observed − predicted| p50 "
+        f"{r.prediction['abs_err_ms_p50']:,.0f} ms ({r.prediction['rel_err_p50']:.0%}), p90 "
+        f"{r.prediction['abs_err_ms_p90']:,.0f} ms ({r.prediction['rel_err_p90']:.0%}), "
+        f"bias p50 {r.prediction['bias_ms_p50']:+,.0f} ms"
+        for r in results
+        if r.prediction
+    ]
 
 
 def _mark(ok: bool, what: str, figure: str) -> str:
@@ -93,14 +131,52 @@ def _mark(ok: bool, what: str, figure: str) -> str:
 
 
 def plot_all(
-    out_dir: Path, results: Sequence[RunResult], records: dict[str, list[float]]
+    out_dir: Path,
+    results: Sequence[RunResult],
+    records: dict[str, list[float]],
+    predictions: dict[str, list[tuple[float, float]]] | None = None,
 ) -> list[Path]:
-    """TTFT CDF per router (per workload), hit rate and TTFT p90 vs load, engine shares."""
+    """TTFT CDF per router (per workload), hit rate and TTFT p90 vs load, engine shares,
+    observed vs predicted TTFT."""
     paths = [_plot_cdf(out_dir / "ttft_cdf.png", results, records)]
     if len({r.load for r in results}) > 1:
         paths.append(_plot_vs_load(out_dir / "hit_rate_vs_load.png", results))
     paths.append(_plot_share(out_dir / "engine_share.png", results))
+    if predictions and any(predictions.values()):
+        paths.append(_plot_predictions(out_dir / "prediction_scatter.png", results, predictions))
     return paths
+
+
+def _plot_predictions(
+    path: Path, results: Sequence[RunResult], pairs: dict[str, list[tuple[float, float]]]
+) -> Path:
+    plt = pyplot(path)
+    workloads = sorted({r.workload for r in results if pairs.get(_key(r))})
+    figure, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4.5), squeeze=False)
+    for axis, workload in zip(axes[0], workloads, strict=True):
+        high = 1.0
+        for r in results:
+            points = pairs.get(_key(r), [])
+            if r.workload != workload or not points:
+                continue
+            observed = [max(p[0], 1e-3) for p in points]
+            predicted = [max(p[1], 1e-3) for p in points]
+            axis.scatter(
+                predicted, observed, s=4, alpha=0.4, label=f"{r.router} ({r.load or 0:.0%})"
+            )
+            high = max(high, *observed, *predicted)
+        axis.plot([1, high], [1, high], color="black", linewidth=0.8, linestyle="--")
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("predicted TTFT, model ms (log)")
+        axis.set_ylabel("observed TTFT, model ms (log)")
+        axis.set_title(f"{workload}: observed vs predicted TTFT")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=8, markerscale=3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 def _key(result: RunResult) -> str:

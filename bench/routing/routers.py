@@ -3,7 +3,9 @@
 - `prefix-cache`, `least-request`, `round-robin`, `random`: `kvgate serve --policy NAME`
   (a fresh gateway per run, so no index or session state leaks from the previous router);
   ready when every KV-event subscriber is live and whole.
-- `oracle`: `python -m bench.routing.oracle` (see oracle.py).
+- `oracle`: `python -m bench.routing.oracle` (see oracle.py); `sticky-rr`:
+  `python -m bench.routing.sticky_rr` (first turns round-robin, each conversation kept on
+  its first engine: the simplest cache-friendly client).
 - `sglang-router`, `vllm-router` (`--peers`): the PyPI packages in their own venvs under
   `bench/.venvs/NAME` (created on first use with pip), both with `--policy cache_aware`.
   `HF_HUB_OFFLINE=1`: sglang-router tries to load the tokenizer named by the worker's
@@ -34,6 +36,8 @@ KVGATE_POLICIES = (
     "prefix-cache", "least-request", "round-robin", "random", "prefix-share", "predicted-latency"
 )  # fmt: skip
 PEERS = ("sglang-router", "vllm-router")
+BASELINES = {"oracle": "bench.routing.oracle", "sticky-rr": "bench.routing.sticky_rr"}
+"""Benchmark-only routers (their own processes): module to run, by router name."""
 VENVS = Path(__file__).resolve().parent.parent / ".venvs"
 
 
@@ -124,8 +128,8 @@ def make_router(
             "--port", str(port), "--policy", name, "--log-level", "warning",
         ]  # fmt: skip
         return RouterProcess(name, command, log, port, {"KVGATE_ADMIN_TOKEN": token}, token)
-    if name == "oracle":
-        command = [sys.executable, "-m", "bench.routing.oracle", str(pods_file), str(port)]
+    if name in BASELINES:
+        command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port)]
         return RouterProcess(name, command, log, port)
     if name in PEERS:
         workers = [endpoint.url for endpoint in endpoints]

@@ -27,11 +27,17 @@ from bench.demo.gateway import AdminClient, write_pods_file
 from bench.results_io import write_json
 from bench.routing.fleet import EngineProcesses, FleetPlan, capacity_rps, plan_fleet, urls
 from bench.routing.loadgen import LoadSpec
-from bench.routing.report import check_targets, format_table, plot_all, title
+from bench.routing.report import (
+    check_targets,
+    format_table,
+    plot_all,
+    prediction_lines,
+    title,
+)
 from bench.routing.routers import make_router
 from bench.routing.script import Script
 from bench.routing.summary import RunResult, summarize
-from bench.routing.workloads import WorkloadSize, build
+from bench.routing.workloads import WorkloadSize, build, slowdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,13 +67,16 @@ def run_routing(options: RoutingOptions) -> int:
 async def _main(options: RoutingOptions) -> int:
     results: list[RunResult] = []
     ttfts: dict[str, list[float]] = {}
+    predictions: dict[str, list[tuple[float, float]]] = {}
     plans: dict[str, dict[str, Any]] = {}
     rng = random.Random()
     logs = options.out_dir / "logs"
     async with httpx.AsyncClient(timeout=10.0) as client:
         for workload in options.workloads:
             script = build(workload, options.size, options.seed)
-            plan = plan_fleet(script, options.engines, 1.0, slack=options.slack)
+            plan = plan_fleet(
+                script, options.engines, 1.0, slack=options.slack, slowdown=slowdown(workload)
+            )
             capacity = capacity_rps(script, plan)
             scale = options.time_scale or options.wall_rate / capacity
             plan = dataclasses.replace(plan, time_scale=scale)
@@ -82,18 +91,23 @@ async def _main(options: RoutingOptions) -> int:
                     rate = (load or 0.0) * capacity
                     point: list[RunResult] = []
                     for router in options.routers:
-                        result, values = await _run_one(
+                        result, values, pairs = await _run_one(
                             options, client, script, plan, engines, pods, router, load, rate
                         )
                         point.append(result)
                         ttfts[f"{workload}|{router}|{load}"] = values
+                        predictions[f"{workload}|{router}|{load}"] = pairs
                         _say(options, _line(result))
                     results.extend(point)
                     print(f"\n{title(point[0])}")
                     print(format_table(point))
+                    accuracy = prediction_lines(point)
+                    if accuracy:
+                        print("TTFT predictions (observed at the client vs kvgate's, model ms):")
+                        print("\n".join(accuracy))
                     targets = check_targets(point)
                     if targets:
-                        print("targets (issue 8):")
+                        print("targets:")
                         print("\n".join(targets))
             finally:
                 await engines.stop()
@@ -103,7 +117,7 @@ async def _main(options: RoutingOptions) -> int:
         "runs": [r.as_json() for r in results],
     }
     paths = [write_json(options.out_dir / "routing.json", document)]
-    paths += plot_all(options.out_dir, results, ttfts)
+    paths += plot_all(options.out_dir, results, ttfts, predictions)
     print("\nresults: " + ", ".join(str(p) for p in paths))
     return 1 if any(r.errors for r in results) else 0
 
@@ -118,7 +132,7 @@ async def _run_one(
     router_name: str,
     load: float | None,
     rate: float,
-) -> tuple[RunResult, list[float]]:
+) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     endpoints = engines.endpoints
     await AdminClient(client, "", "").reset_engine_caches(urls(endpoints))
     logs = options.out_dir / "logs" / script.name
@@ -157,9 +171,19 @@ async def _run_one(
         engines=deltas(after, before),
         time_scale=plan.time_scale,
     )
-    result = dataclasses.replace(result, cpu_cores=cpu)
+    answered = max(1, result.requests - result.errors)
+    result = dataclasses.replace(
+        result,
+        cpu_cores=cpu,
+        router_cpu_ms_per_request=cpu["router"] * wall / answered * 1e3,
+    )
     ttfts = [r["ttft_s"] * plan.time_scale * 1e3 for r in records if r["ttft_s"] is not None]
-    return result, ttfts
+    pairs = [
+        (r["ttft_s"] * plan.time_scale * 1e3, r["predicted_ttft_s"] * plan.time_scale * 1e3)
+        for r in records
+        if r["ttft_s"] is not None and r.get("predicted_ttft_s") is not None
+    ]
+    return result, ttfts, pairs
 
 
 async def _load(spec: LoadSpec, stem: Path) -> list[dict[str, Any]]:
@@ -207,6 +231,8 @@ def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any
         "time_scale": plan.time_scale,
         "max_batch": plan.max_batch,
         "latency": dataclasses.asdict(plan.latency),
+        "slow_engines": plan.engines // 2 if plan.slowdown != 1.0 else 0,
+        "slowdown": plan.slowdown,
         "ideal_capacity_rps": capacity,
     }
 
@@ -227,7 +253,14 @@ def _line(result: RunResult) -> str:
         f"  {result.router:<14} {result.requests} req, {result.errors} err, "
         f"hit {result.hit_rate:.1%}, TTFT p90 {result.ttft_ms['p90']:,.0f} ms, "
         f"{result.duration_s:.1f} s wall, cpu engines {result.cpu_cores.get('engines', 0):.2f} "
-        f"router {result.cpu_cores.get('router', 0):.2f}"
+        f"router {result.cpu_cores.get('router', 0):.2f} "
+        f"({result.router_cpu_ms_per_request:.2f} ms/request)"
+        + (
+            f", prediction |error| p50/p90 {result.prediction['rel_err_p50']:.0%}"
+            f"/{result.prediction['rel_err_p90']:.0%}"
+            if result.prediction
+            else ""
+        )
     )
 
 

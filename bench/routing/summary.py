@@ -48,6 +48,13 @@ class RunResult:
     first_errors: list[str] = field(default_factory=list)
     cpu_cores: dict[str, float] = field(default_factory=dict)
     """Cores busy during the run: the engine processes together, the router process."""
+    router_cpu_ms_per_request: float = math.nan
+    """The router process's CPU time per request (on shared cores it is everyone's TTFT)."""
+    prediction: dict[str, float] = field(default_factory=dict)
+    """How well kvgate predicted each request's TTFT (absent for routers that do not):
+    `n`, `abs_err_ms_p50` / `_p90` (model ms), `rel_err_p50` / `_p90` (|error| /
+    observed), `bias_ms_p50` (observed − predicted). Observed: the load generator's TTFT
+    (first generated text); predicted: the gateway's, to the engine's first byte."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,4 +122,26 @@ def summarize(
         by_tag=by_tag,
         duration_s=duration,
         first_errors=[r["error"] for r in records if r["error"] is not None][:3],
+        prediction=_prediction(ok, scale_ms),
     )
+
+
+def _prediction(ok: Sequence[Mapping[str, Any]], scale_ms: float) -> dict[str, float]:
+    pairs = [
+        (r["ttft_s"], r["predicted_ttft_s"])
+        for r in ok
+        if r.get("predicted_ttft_s") is not None and r["ttft_s"] > 0
+    ]
+    if not pairs:
+        return {}
+    absolute = [abs(observed - predicted) for observed, predicted in pairs]
+    relative = [abs(observed - predicted) / observed for observed, predicted in pairs]
+    bias = [observed - predicted for observed, predicted in pairs]
+    return {
+        "n": float(len(pairs)),
+        "abs_err_ms_p50": percentile(absolute, 50) * scale_ms,
+        "abs_err_ms_p90": percentile(absolute, 90) * scale_ms,
+        "rel_err_p50": percentile(relative, 50),
+        "rel_err_p90": percentile(relative, 90),
+        "bias_ms_p50": percentile(bias, 50) * scale_ms,
+    }

@@ -15,10 +15,17 @@ the simulated tokenizer holds as single tokens, so words ≈ tokens.
     shuffled order: affinity must keep the VIP contexts warm while the flood churns caches.
 (d) `unique`: one-shot requests with unique prompts, no sharing at all: routing on the
     prefix cannot win anything, and must cost nothing either.
+(e) `hetero`: the `chat` script on a mixed fleet: half the engines are `HETERO_SLOWDOWN`×
+    slower at prefill and decode (an older GPU, or other engine settings): a router must
+    send them less.
+(f) `one-prompt`: chat conversations that all share ONE system prompt; meant for small
+    fleets (`--engines 2`), where a router that follows the shared prefix alone piles
+    everything onto one engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +42,14 @@ from bench.routing.script import (
 from bench.workloads.chat import WORDS as VOCABULARY  # the demo's single-token words
 from bench.workloads.chat import ChatWorkloadConfig, generate
 
-WORKLOADS = ("chat", "agent", "vip-flood", "unique")
+WORKLOADS = ("chat", "agent", "vip-flood", "unique", "hetero", "one-prompt")
+HETERO_SLOWDOWN = 2.0
+"""How much slower the slow half of the `hetero` fleet is, at prefill and at decode."""
+
+
+def slowdown(name: str) -> float:
+    """The slow half's slowdown of workload `name`'s fleet (1.0: every engine alike)."""
+    return HETERO_SLOWDOWN if name == "hetero" else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +72,8 @@ def build(name: str, size: WorkloadSize, seed: int) -> Script:
         "agent": agent,
         "vip-flood": vip_flood,
         "unique": unique,
+        "hetero": hetero,
+        "one-prompt": one_prompt,
     }
     if name not in builders:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
@@ -66,10 +82,24 @@ def build(name: str, size: WorkloadSize, seed: int) -> Script:
 
 def chat(size: WorkloadSize, seed: int) -> Script:
     """(a) Multi-turn chat sharing 4 system prompts; answers written from the session's rng."""
+    return _chat(size, seed, "chat", system_prompts=4)
+
+
+def hetero(size: WorkloadSize, seed: int) -> Script:
+    """(e) The chat script, under its own name: the fleet makes the difference."""
+    return dataclasses.replace(chat(size, seed), name="hetero")
+
+
+def one_prompt(size: WorkloadSize, seed: int) -> Script:
+    """(f) Multi-turn chat, every conversation on the same system prompt."""
+    return _chat(size, seed, "one-prompt", system_prompts=1)
+
+
+def _chat(size: WorkloadSize, seed: int, name: str, *, system_prompts: int) -> Script:
     config = ChatWorkloadConfig(
         sessions=size.conversations,
         turns=size.turns,
-        system_prompts=4,
+        system_prompts=system_prompts,
         system_words=size.system_words,
         user_words_median=size.user_words_median,
         user_words_max=4 * size.user_words_median,
@@ -96,7 +126,7 @@ def chat(size: WorkloadSize, seed: int) -> Script:
         f"system-{i}": len(p.split()) + MESSAGE_OVERHEAD_TOKENS
         for i, p in enumerate(workload.system_prompts)
     }
-    return Script("chat", tuple(conversations), shared, seed)
+    return Script(name, tuple(conversations), shared, seed)
 
 
 def agent(size: WorkloadSize, seed: int) -> Script:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,8 @@ import zmq.asyncio
 
 from bench.routing.fleet import capacity_rps, plan_fleet
 from bench.routing.oracle import Engine, Oracle
-from bench.routing.workloads import WORKLOADS, WorkloadSize, build
+from bench.routing.routers import make_router
+from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
 from tests.conftest import StartEngine
 from tests.helpers import eventually
 
@@ -97,7 +99,7 @@ async def test_oracle_sees_what_each_engine_caches(start_engine: StartEngine) ->
             assert response.status_code == 200
         await eventually(lambda: oracle.engines[1].matched(keys) == len(keys), what="stored")
         assert oracle.engines[0].matched(keys) == 0
-        assert all(oracle.pick(keys) is oracle.engines[1] for _ in range(5))
+        assert all(oracle.pick(body, {}) is oracle.engines[1] for _ in range(5))
     finally:
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -108,21 +110,77 @@ async def test_oracle_sees_what_each_engine_caches(start_engine: StartEngine) ->
 def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "gateway.cli", "bench", "routing", "--quick", "--engines", "2",
-        "--workloads", "chat", "--routers", "prefix-cache,round-robin,oracle",
+        "--workloads", "chat", "--routers", "prefix-cache,round-robin,sticky-rr,oracle",
         "--time-scale", "4", "--out", str(tmp_path), "--quiet",
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "TTFT p50" in out.stdout and "hit rate" in out.stdout
-    for name in ("prefix-cache", "round-robin", "oracle"):
+    for name in ("prefix-cache", "round-robin", "sticky-rr", "oracle"):
         assert name in out.stdout
+    assert "TTFT predictions" in out.stdout
     document = json.loads((tmp_path / "routing.json").read_text())
     runs = {run["router"]: run for run in document["runs"]}
-    assert set(runs) == {"prefix-cache", "round-robin", "oracle"}
+    assert set(runs) == {"prefix-cache", "round-robin", "sticky-rr", "oracle"}
+    assert runs["prefix-cache"]["prediction"]["n"] == runs["prefix-cache"]["requests"]
+    assert runs["oracle"]["prediction"] == {}  # only kvgate predicts
+    assert all(run["router_cpu_ms_per_request"] > 0 for run in runs.values())
     expected = document["fleets"]["chat"]["requests"]
     for run in runs.values():
         assert run["requests"] == expected and run["errors"] == 0
         assert run["hit_rate"] > 0  # the shared system prompts hit on any engine
         assert sum(run["engine_share"].values()) == pytest.approx(1.0)
-    for png in ("ttft_cdf.png", "engine_share.png"):
+    for png in ("ttft_cdf.png", "engine_share.png", "prediction_scatter.png"):
         assert (tmp_path / png).stat().st_size > 0
+
+
+def test_one_prompt_conversations_share_a_single_system_prompt() -> None:
+    script = build("one-prompt", SMALL, 4)
+    systems = {c.turns[0].messages[0]["content"] for c in script.conversations}
+    assert len(systems) == 1 and len(script.shared_prefixes) == 1
+    assert all(len(c.turns) == SMALL.turns for c in script.conversations)
+
+
+def test_hetero_is_chat_on_a_fleet_whose_second_half_is_slower() -> None:
+    script = build("hetero", SMALL, 5)
+    assert script.conversations == build("chat", SMALL, 5).conversations
+    mixed = plan_fleet(script, 4, 1.0, slowdown=slowdown("hetero"))
+    even = plan_fleet(script, 4, 1.0)
+    assert [mixed.slow(i) for i in range(4)] == [False, False, True, True]
+    fast, slow = mixed.sim_args(0), mixed.sim_args(3)
+    assert fast == even.sim_args(3)
+    for flag in ("--prefill-us-per-token", "--decode-ms-per-token", "--request-overhead-ms"):
+        ratio = float(slow[slow.index(flag) + 1]) / float(fast[fast.index(flag) + 1])
+        assert ratio == pytest.approx(slowdown("hetero"))
+    assert capacity_rps(script, even) / 2 < capacity_rps(script, mixed) < capacity_rps(script, even)
+
+
+async def test_sticky_rr_keeps_each_conversation_on_its_first_engine(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engines = [await start_engine(name=f"s{i}") for i in range(2)]
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"pods": [
+        {"name": s.engine.config.name, "url": s.url, "events": s.engine.publisher.events_endpoint}
+        for s in engines
+    ]}))  # fmt: skip
+    router = make_router("sticky-rr", pods, [], tmp_path, random.Random(0))
+    await router.start()
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            await router.wait_ready(client)
+            homes: dict[str, set[str]] = {}
+            for turn in range(3):
+                for conversation in ("a", "b", "c", "d"):
+                    body = {"model": "sim-model", "max_tokens": 1, "messages": [
+                        {"role": "user", "content": f"{conversation} turn {turn}"}]}  # fmt: skip
+                    url = f"{router.url}/v1/chat/completions"
+                    headers = {"x-session-id": conversation}
+                    response = await client.post(url, json=body, headers=headers)
+                    assert response.status_code == 200
+                    homes.setdefault(conversation, set()).add(response.headers["x-kvgate-pod"])
+    finally:
+        await router.stop()
+    assert all(len(pods_seen) == 1 for pods_seen in homes.values()), homes
+    firsts = [next(iter(homes[c])) for c in ("a", "b", "c", "d")]
+    assert firsts == ["s0", "s1", "s0", "s1"]  # first turns in turn
