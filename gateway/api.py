@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -54,7 +55,23 @@ async def read_json(
         raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    if _ESCAPED_SURROGATE.search(raw):
+        _check_unicode(body)
     return raw, body
+
+
+# JSON may escape a UTF-16 surrogate (\ud800-\udfff); paired ones decode to one code point,
+# a lone one stays a surrogate that no UTF-8 encoder (the tokenizer's, the engine's) accepts.
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF][0-9a-fA-F]{2}")
+
+
+def _check_unicode(body: dict[str, Any]) -> None:
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(
+            "request body contains a lone UTF-16 surrogate (\\ud800-\\udfff): not valid Unicode"
+        ) from None
 
 
 def validate(kind: Kind, body: dict[str, Any]) -> None:
@@ -78,6 +95,29 @@ def validate(kind: Kind, body: dict[str, Any]) -> None:
                 "`prompt` must be a string, a list of strings or a list of token ids",
                 param="prompt",
             )
+        if isinstance(prompt, list):
+            _check_prompt_list(prompt)
+
+
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+def _check_prompt_list(prompt: list[Any]) -> None:
+    """A list prompt is strings, token ids, or lists of token ids; a token id is a JSON
+    integer in [0, 2**32) — `true` is not one (Python would take it for 1)."""
+
+    def token_ids(values: list[Any]) -> bool:
+        return all(type(value) is int and 0 <= value <= _MAX_TOKEN_ID for value in values)
+
+    if all(isinstance(item, str) for item in prompt) or token_ids(prompt):
+        return
+    if all(isinstance(item, list) and item and token_ids(item) for item in prompt):
+        return
+    raise BadRequest(
+        "`prompt` must be a string, a list of strings, or token ids (integers in [0, 2**32), "
+        "not booleans), or a list of lists of them",
+        param="prompt",
+    )
 
 
 def requested_policy(request: Request) -> str | None:

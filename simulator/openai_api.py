@@ -106,9 +106,12 @@ def prompt_tokens(engine: SimEngine, body: dict[str, Any], *, chat: bool) -> lis
     if isinstance(prompt, str):
         return engine.tokenizer.encode(prompt, add_special_tokens=add_special)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        if not all(engine.tokenizer.is_valid(t) for t in prompt):
+        # vLLM validates with pydantic in lax mode: a JSON true/false is the token id 1/0,
+        # and the engine stores and publishes ints.
+        ids = [int(t) for t in prompt]
+        if not all(engine.tokenizer.is_valid(t) for t in ids):
             raise RequestError("prompt contains token ids outside the vocabulary", param="prompt")
-        return list(prompt)
+        return ids
     raise RequestError("prompt must be a string or a list of token ids", param="prompt")
 
 
