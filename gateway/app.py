@@ -192,6 +192,11 @@ async def _start(
         control_client,
         interval_s=settings.scrape_interval_s,
         unhealthy_after=settings.unhealthy_after,
+        on_scrape=lambda state, ok: (
+            cost.note_scrape(state.name, state.scraped_at)
+            if ok and state.scraped_at is not None
+            else None
+        ),
     )
     background = _Background()
     stack.push_async_callback(background.stop)

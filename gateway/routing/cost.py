@@ -158,7 +158,7 @@ class _PodWork:
     mean_tokens: float = 0.0
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
     at_scrape: tuple[float | None, int, int] = (None, 0, 0)
-    """(scrape time, our prefilling, our decoding) when routing first saw that scrape."""
+    """(scrape time, our prefilling, our decoding) when that scrape's answer arrived."""
     unobserved: list[tuple[float, int, Ticket]] = field(default_factory=list)
     """Heap of (expected first byte, id, ticket) for answers whose first byte is not their
     TTFT (non-streamed): their prefill is taken as done at the predicted time."""
@@ -210,15 +210,17 @@ class CostModel:
         queued_requests = float(work.prefilling)
         decoding = float(work.decoding)
         if scraped_at is not None:
-            if work.at_scrape[0] != scraped_at:
+            if work.at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
                 work.at_scrape = (scraped_at, work.prefilling, work.decoding)
-            others_waiting = waiting - work.at_scrape[1]
-            others_running = running - work.at_scrape[2]
-            if math.isfinite(others_waiting) and others_waiting > 0:
+            _, ours_prefilling, ours_decoding = work.at_scrape
+            # The engine counts every replica's requests; ours in prefill may be running or
+            # waiting there, so only what exceeds all of ours is another replica's.
+            others = running + waiting - ours_prefilling - ours_decoding
+            if math.isfinite(others) and others > 0:
+                others_waiting = min(others, max(0.0, waiting - ours_prefilling))
                 queued += others_waiting * work.mean_tokens
                 queued_requests += others_waiting
-            if math.isfinite(others_running) and others_running > 0:
-                decoding += others_running
+                decoding += others - others_waiting
         own = max(0.0, prompt_tokens - cached_tokens)
         theta = work.model.theta
         ttft = (
@@ -238,6 +240,15 @@ class CostModel:
             + cpu * (1.0 - params.cpu_load_fraction)
             + storage * (1.0 - params.storage_load_fraction)
         )
+
+    def note_scrape(self, pod: str, at: float) -> None:
+        """The engine's counts scraped at `at` include ours as they are now: note them, so
+        that only what exceeds them is taken for other replicas' work."""
+        work = self._pods.get(pod)
+        if work is not None:
+            if work.unobserved:
+                self._expire(work, self._clock())
+            work.at_scrape = (at, work.prefilling, work.decoding)
 
     # -- a request's life -----------------------------------------------------------------
 

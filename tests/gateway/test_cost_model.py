@@ -180,3 +180,17 @@ def test_slo_prefers_cache_affinity_among_pods_that_meet_it() -> None:
     assert routed(0.0001) == "idle"  # no shedding: the lowest predicted TTFT
     for ticket in busy:
         cost.finish(ticket)
+
+
+def test_a_scrape_noted_when_it_arrives_adds_no_phantom_queue() -> None:
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    tickets = [cost.start(cost.predict("p", 1000, 0.0), streamed=True) for _ in range(3)]
+    cost.note_scrape("p", 5.0)  # the engine then reported our 3 requests waiting
+    for ticket in tickets[:2]:
+        cost.first_byte(ticket)  # two of them answered since
+    seen = cost.predict("p", 100, 0.0, 5.0, running=0.0, waiting=3.0)
+    assert seen.queued_tokens == 1000.0 and seen.queued_requests == 1.0
+    assert seen.decoding == 2.0  # ours, not another replica's
+    for ticket in tickets:
+        cost.finish(ticket)
