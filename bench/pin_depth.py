@@ -44,7 +44,8 @@ from gateway.server import GatewayServer
 from gateway.settings import Settings
 
 ADMIN_TOKEN = "pin-depth-bench"
-PIN_HEADERS = {"x-kvgate-pin": "ttl=3600", "x-session-id": "vip"}
+PIN_HEADERS = {"x-kvgate-pin": "ttl=3600", "x-kvgate-pin-token": ADMIN_TOKEN,
+               "x-session-id": "vip"}  # fmt: skip
 PROBE_SESSIONS = 6
 
 

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.errors import BadRequest, ClientClosed, PayloadTooLarge, RequestTimeout
-from gateway.pinning.session import PIN_HEADER, session_pin_hook
+from gateway.pinning.session import PIN_HEADER, PIN_TOKEN_HEADER, session_pin_hook
 from gateway.proxy import ClientWatch, ProxyRequest
 from gateway.registry import PodState
 from gateway.router import Kind, Routed
@@ -138,7 +138,8 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     routed = await gateway.router.route(
         kind, body, profile, session=session, slo_ttft_s=slo_ttft(request), body_bytes=len(raw)
     )
-    pin_turn = session_pin_hook(gateway, request.headers.get(PIN_HEADER), kind, body, routed,
+    pin_turn = session_pin_hook(gateway, request.headers.get(PIN_HEADER),
+                                request.headers.get(PIN_TOKEN_HEADER), kind, body, routed,
                                 session)  # fmt: skip
     proxy_request = ProxyRequest(  # the client's own bytes go upstream, unchanged
         path=path,
@@ -155,9 +156,9 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         if state is not first:  # a retry: the blocks and the prefill go to this pod instead
             router.dispatch(routed, state)
 
-    def on_served(state: PodState) -> None:
+    def on_served(state: PodState, status: int) -> None:
         router.record_served(routed, state)
-        if pin_turn is not None:  # x-kvgate-pin: pin the conversation on this pod
+        if pin_turn is not None and 200 <= status < 300:  # x-kvgate-pin: pin it there
             pin_turn(state)
 
     try:

@@ -182,6 +182,9 @@ async def _start(
         config=PinConfig(
             budget_fraction=settings.pin_budget_fraction,
             default_ttl_s=settings.pin_default_ttl_s,
+            max_ttl_s=settings.pin_max_ttl_s,
+            max_leases=settings.pin_max_leases,
+            max_leases_per_pod=settings.pin_max_leases_per_pod,
             interval_s=settings.pin_interval_s,
         ),
     )

@@ -98,6 +98,11 @@ class Unauthorized(GatewayError):
     error_type = "authentication_error"
 
 
+class Forbidden(GatewayError):
+    status = 403
+    error_type = "permission_error"
+
+
 class NotFound(GatewayError):
     status = 404
     error_type = "not_found_error"

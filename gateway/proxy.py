@@ -109,16 +109,16 @@ class Upstream:
         watch: ClientWatch,
         *,
         on_attempt: Callable[[PodState], None] | None = None,
-        on_served: Callable[[PodState], None] | None = None,
+        on_served: Callable[[PodState, int], None] | None = None,
         on_first_byte: Callable[[PodState], None] | None = None,
         on_done: Callable[[], None] | None = None,
     ) -> Relay:
         """Send to ranking[0], or ranking[1] if ranking[0] fails before answering.
 
         `on_attempt` hears of each pod tried, before the request is sent; `on_served` of the
-        pod whose answer goes back to the client; `on_first_byte` when its first body byte
-        arrives; `on_done` when the relayed answer ends, however (not called when this
-        raises: the caller knows then)."""
+        pod whose answer goes back to the client, and its status; `on_first_byte` when its
+        first body byte arrives; `on_done` when the relayed answer ends, however (not called
+        when this raises: the caller knows then)."""
         head = request.head()
         attempts = ranking[:2]
         metrics = self._metrics
@@ -158,7 +158,7 @@ class Upstream:
                     metrics.retries.labels(state.name).inc()
                     continue
                 if on_served is not None:
-                    on_served(state)
+                    on_served(state, exchange.status)
                 return Relay(self, exchange, state, request, started, watch, on_first_byte, on_done)
         except BaseException:
             watch.stop()

@@ -85,6 +85,13 @@ class Settings:
     pin_budget_fraction: float = 0.5
     """Pinned blocks per pod may not exceed this share of its GPU KV cache."""
     pin_default_ttl_s: float = 600.0
+    pin_max_ttl_s: float = 3600.0
+    """Longest lease a pin may ask for (a longer `ttl` is refused with a 400)."""
+    pin_max_leases: int = 1024
+    pin_max_leases_per_pod: int = 128
+    """Caps on live pin leases, in total and per pod (beyond them: 409 `lease_cap`)."""
+    pin_token: str | None = field(default=None, repr=False)
+    """Grants the per-request pin opt-in (`x-kvgate-pin-token`) without admin rights."""
     pin_interval_s: float = 1.0
     """Pin reconciliation and lease expiry period."""
     snapshot_dir: Path | None = None
@@ -100,6 +107,9 @@ class Settings:
             raise ConfigError("KVGATE_DEFAULT_POLICY", self.default_policy, _one_of(POLICIES))
         if self.discovery not in DISCOVERIES:
             raise ConfigError("KVGATE_DISCOVERY", self.discovery, _one_of(DISCOVERIES))
+        if self.pin_default_ttl_s > self.pin_max_ttl_s:
+            raise ConfigError("KVGATE_PIN_DEFAULT_TTL", self.pin_default_ttl_s,
+                              f"at most KVGATE_PIN_MAX_TTL ({self.pin_max_ttl_s:g} s)")  # fmt: skip
         if not 0 < self.port < 65536:
             raise ConfigError("KVGATE_PORT", self.port, "a TCP port in 1..65535")
 
@@ -174,6 +184,7 @@ class Settings:
             ("KVGATE_SCRAPE_INTERVAL", "scrape_interval_s", 1.0),
             ("KVGATE_DRAIN_TIMEOUT", "drain_timeout_s", 20.0),
             ("KVGATE_PIN_DEFAULT_TTL", "pin_default_ttl_s", 600.0),
+            ("KVGATE_PIN_MAX_TTL", "pin_max_ttl_s", 3600.0),
             ("KVGATE_PIN_INTERVAL", "pin_interval_s", 1.0),
         ):
             values[name] = reader.get(variable, _duration, default, _DURATION_HELP)
@@ -204,6 +215,13 @@ class Settings:
         )
         values["bootstrap_peer"] = reader.get(
             "KVGATE_BOOTSTRAP_PEER", _url, None, "an http(s):// URL of a running gateway"
+        )
+        values["pin_token"] = reader.get("KVGATE_PIN_TOKEN", str, None, "a token") or None
+        values["pin_max_leases"] = reader.get(
+            "KVGATE_PIN_MAX_LEASES", _positive_int, 1024, "an integer > 0"
+        )
+        values["pin_max_leases_per_pod"] = reader.get(
+            "KVGATE_PIN_MAX_LEASES_PER_POD", _positive_int, 128, "an integer > 0"
         )
         values["pin_budget_fraction"] = reader.get(
             "KVGATE_PIN_BUDGET_FRACTION", _fraction, 0.5, "a number in (0, 1]"

@@ -55,7 +55,9 @@ class PinConfig:
     budget_fraction: float = 0.5
     """Pinned blocks per pod may not exceed this share of its GPU KV cache blocks."""
     default_ttl_s: float = 600.0
-    max_ttl_s: float = 86_400.0
+    max_ttl_s: float = 3600.0
+    max_leases: int = 1024
+    max_leases_per_pod: int = 128
     interval_s: float = 1.0
     """Reconciliation and lease expiry period."""
     settle_timeout_s: float = 10.0
@@ -111,6 +113,7 @@ class PinManager:
             )
         now = self._clock()
         ttl = self._ttl(ttl_s)
+        self._check_caps(pod)
         lease = Lease(
             id=self.book.new_id(),
             pod=pod,
@@ -403,6 +406,19 @@ class PinManager:
         if not 0 < ttl <= self.config.max_ttl_s:
             raise BadRequest(f"ttl_s must be in (0, {self.config.max_ttl_s:g}]", param="ttl_s")
         return ttl
+
+    def _check_caps(self, pod: str) -> None:
+        """Leases are bounded in number, in total and per pod: each costs memory and engine
+        calls for as long as it lives."""
+        config = self.config
+        on_pod = sum(1 for lease in self.book if lease.pod == pod)
+        if len(self.book) >= config.max_leases or on_pod >= config.max_leases_per_pod:
+            self._refused("lease_cap")
+            raise PinRefused(
+                f"too many pin leases (at most {config.max_leases} in all and "
+                f"{config.max_leases_per_pod} per pod; {pod} has {on_pod})",
+                reason="lease_cap",
+            )
 
     def _refused(self, reason: str) -> None:
         self._metrics.pin_refusals.labels(reason).inc()

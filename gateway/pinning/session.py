@@ -5,17 +5,41 @@ previous answer)."""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, Forbidden
 from gateway.registry import PodState
 from gateway.router import Kind, Routed
+from gateway.settings import Settings
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
 
 PIN_HEADER = "x-kvgate-pin"
+PIN_TOKEN_HEADER = "x-kvgate-pin-token"
+"""Carries the pin token (KVGATE_PIN_TOKEN) or the admin token; never sent upstream (the
+client's `Authorization` goes to the engine, whose API key it may be)."""
+
+
+class PinForbidden(Forbidden):
+    """A pin asked for without the pin or admin token."""
+
+
+def authorise_pin(settings: Settings, credential: str | None) -> None:
+    """Pinning changes server state: only a caller holding the pin token or the admin token
+    may ask for it (403 otherwise, also when neither token is configured)."""
+    given = (credential or "").strip().encode()
+    for token in (settings.pin_token, settings.admin_token):
+        if token is not None and given and hmac.compare_digest(given, token.encode()):
+            return
+    raise PinForbidden(
+        f"{PIN_HEADER} needs authority: send the pin token (KVGATE_PIN_TOKEN) or the admin "
+        f"token in {PIN_TOKEN_HEADER}"
+        + ("" if settings.pin_token or settings.admin_token else "; none is configured"),
+        param=PIN_TOKEN_HEADER,
+    )
 
 
 def parse_pin_header(value: str) -> float | None:
@@ -37,17 +61,27 @@ def parse_pin_header(value: str) -> float | None:
 def session_pin_hook(
     gateway: GatewayState,
     header: str | None,
+    credential: str | None,
     kind: Kind,
     body: Mapping[str, Any],
     routed: Routed,
     session: str | None,
 ) -> Callable[[PodState], None] | None:
-    """For a request carrying the pin header: what to do once a pod serves it (pin the
-    conversation there when its blocks are stored). None when the request did not opt in."""
+    """For a request carrying the pin header: what to do once a pod has answered it with a
+    2xx (pin the conversation there when its blocks are stored). None when the request did
+    not opt in; PinForbidden without the pin or admin token, BadRequest for a bad TTL."""
     pins = gateway.pins
     if header is None or pins is None:
         return None
+    authorise_pin(gateway.settings, credential)
     ttl = parse_pin_header(header)
+    limit = gateway.settings.pin_max_ttl_s
+    if ttl is not None and ttl > limit:
+        raise BadRequest(
+            f"{PIN_HEADER} ttl {ttl:g} s exceeds the gateway's maximum of {limit:g} s "
+            "(KVGATE_PIN_MAX_TTL)",
+            param=PIN_HEADER,
+        )
     router = gateway.router
     context = routed.request.context
 

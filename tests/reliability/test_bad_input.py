@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from simulator.cache_types import Tier
-from tests.gateway.conftest import MODEL, StartGateway
+from tests.gateway.conftest import ADMIN_TOKEN, MODEL, StartGateway
 from tests.reliability.test_http_fuzz import assert_openai_error
 
 LONE_SURROGATE = b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}' % (
@@ -27,7 +27,7 @@ async def test_a_lone_surrogate_is_a_400_everywhere(start_gateway: StartGateway)
     async with gw.admin() as client:
         for path, extra in (
             ("/v1/chat/completions", {}),
-            ("/v1/chat/completions", {"x-kvgate-pin": "ttl=60"}),
+            ("/v1/chat/completions", {"x-kvgate-pin": "ttl=60", "x-kvgate-pin-token": ADMIN_TOKEN}),
             ("/admin/match", {}),
         ):
             response = await client.post(path, content=LONE_SURROGATE, headers={**headers, **extra})

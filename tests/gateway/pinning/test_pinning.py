@@ -9,8 +9,10 @@ from typing import Any
 import httpx
 
 from simulator import EngineServer
-from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
+from tests.gateway.conftest import ADMIN_TOKEN, MODEL, Gateway, StartGateway, pod_entry
 from tests.helpers import eventually
+
+PIN_AUTH = {"x-kvgate-pin-token": ADMIN_TOKEN}
 
 SGLANG = {"flavor": "sglang", "gpu_blocks": 64}
 SYSTEM = " ".join(f"rule {i}: answer briefly and cite section {i * 7}." for i in range(24))
@@ -217,7 +219,7 @@ async def test_engine_without_pin_support(start_gateway: StartGateway) -> None:
     error = answer.json()["error"]
     assert error["code"] == "no_pin_support" and "no pin support" in error["message"]
     # The request-level opt-in still serves, and keeps a pin-less lease for the session.
-    await chat(gw, CONVERSATION, **{"x-kvgate-pin": "ttl=60", "x-session-id": "s1"})
+    await chat(gw, CONVERSATION, **{"x-kvgate-pin": "ttl=60", "x-session-id": "s1", **PIN_AUTH})
     await eventually(lambda: bool(gw.state.pins.leases()), what="a session lease")
     assert gw.state.pins.leases()[0].state == "no_pin_support"
     views = (await admin(gw, "GET", "/admin/pins")).json()["pods"]
@@ -237,7 +239,7 @@ async def test_session_header_pins_and_keeps_the_conversation(
     start_gateway: StartGateway,
 ) -> None:
     gw = await start_gateway(2, engine_overrides=SGLANG, pin_interval_s=0.2)
-    headers = {"x-kvgate-pin": "ttl=60", "x-session-id": "vip"}
+    headers = {"x-kvgate-pin": "ttl=60", "x-session-id": "vip", **PIN_AUTH}
     first = await chat(gw, CONVERSATION, **headers)
     pod = first.headers["x-kvgate-pod"]
     engine = next(e for e in gw.engines if e.engine.config.name == pod)
