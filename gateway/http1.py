@@ -29,6 +29,11 @@ import httptools
 Headers = list[tuple[bytes, bytes]]
 
 _HIGH_WATER = 256 * 1024
+# Bounds on an engine's response header section: vLLM and SGLang send a handful of headers
+# at once; anything beyond these is a broken or hostile engine (502, retried elsewhere).
+_MAX_HEADERS = 100
+_MAX_HEADER_BYTES = 64 * 1024
+_HEADER_DEADLINE_S = 10.0
 """Buffered body bytes at which reading from the engine pauses (the client is slower)."""
 
 
@@ -134,9 +139,16 @@ class Exchange:
     """One request/response on a connection: status and headers, then body chunks."""
 
     def __init__(
-        self, pool: Http1Pool, connection: _Connection, *, reused: bool, read_timeout_s: float
+        self,
+        pool: Http1Pool,
+        connection: _Connection,
+        *,
+        reused: bool,
+        read_timeout_s: float,
+        header_deadline_s: float = _HEADER_DEADLINE_S,
     ) -> None:
         self._pool = pool
+        self._header_deadline_s = header_deadline_s
         self._connection = connection
         self.reused = reused
         self._read_timeout_s = read_timeout_s
@@ -153,20 +165,40 @@ class Exchange:
         self._released = False
         self.status = 0
         self.headers: Headers = []
+        self._header_bytes = 0
+        self._header_timer: asyncio.TimerHandle | None = None
         self.complete = False
         self.keep_alive = False
 
     # -- httptools callbacks (inside feed) ------------------------------------------------
     def on_message_begin(self) -> None:
         self._answered = True
+        # Once the status line starts, the header section has a deadline of its own (the
+        # read timeout, which may be long for a non-streamed answer, is per wait).
+        self._header_timer = self._loop.call_later(self._header_deadline_s, self._headers_too_slow)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
         if lowered in (b"content-length", b"transfer-encoding"):
             self._length_delimited = True
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > _MAX_HEADER_BYTES or len(self.headers) >= _MAX_HEADERS:
+            self._fail(ResponseBroken(
+                f"the engine's response headers exceed {_MAX_HEADERS} headers or "
+                f"{_MAX_HEADER_BYTES} bytes"
+            ))  # fmt: skip
+            return
         self.headers.append((lowered, value))
 
+    def _headers_too_slow(self) -> None:
+        if not self._headers_done.done():
+            self._fail(ResponseBroken(
+                f"the engine's response headers took more than {self._header_deadline_s:g} s"
+            ))  # fmt: skip
+
     def on_headers_complete(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
         self.status = self._parser.get_status_code()
         self.keep_alive = self._parser.should_keep_alive()
         if not self._headers_done.done():
@@ -213,6 +245,8 @@ class Exchange:
         self.release()
 
     def _fail(self, error: Http1Error) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
         if self._error is None:
             self._error = error
         self._connection.close()
@@ -298,9 +332,11 @@ class Http1Pool:
         read_timeout_s: float,
         max_idle_per_origin: int = 256,
         idle_expiry_s: float = 4.0,
+        header_deadline_s: float = _HEADER_DEADLINE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._connect_timeout_s = connect_timeout_s
+        self._header_deadline_s = header_deadline_s
         self._read_timeout_s = read_timeout_s
         self._max_idle = max_idle_per_origin
         # Below the engines' own keep-alive timeout (uvicorn's default is 5 s), so the
@@ -355,7 +391,11 @@ class Http1Pool:
         while True:
             connection, reused = await self._checkout(origin)
             exchange = Exchange(
-                self, connection, reused=reused, read_timeout_s=self._read_timeout_s
+                self,
+                connection,
+                reused=reused,
+                read_timeout_s=self._read_timeout_s,
+                header_deadline_s=self._header_deadline_s,
             )
             connection.start(exchange, data)
             if on_exchange is not None:

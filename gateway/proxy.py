@@ -28,10 +28,23 @@ from gateway.registry import PodState
 _REQUEST_HEADERS = frozenset(
     (b"content-type", b"accept", b"authorization", b"user-agent", b"x-request-id")
 )
+# RFC 9110 §7.6.1: hop-by-hop fields, never relayed; plus any field a `Connection` header
+# names. `date` and `server` are the gateway's own to send.
 _HOP_BY_HOP = frozenset(
-    (b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade", b"date",
+    (b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
+     b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade", b"date",
      b"server")
 )  # fmt: skip
+_OURS = b"x-kvgate-"
+"""Headers the gateway sets: an engine's own are dropped, never confused with the decision's."""
+
+
+def _named_by_connection(headers: Sequence[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    names: set[bytes] = set()
+    for name, value in headers:
+        if name.lower() == b"connection":
+            names.update(token.strip().lower() for token in value.split(b","))
+    return frozenset(names)
 
 
 class UpstreamCut(Exception):
@@ -56,8 +69,9 @@ class ProxyRequest:
     def head(self) -> bytes:
         lines = [b"POST ", self.path.encode("ascii"), b" HTTP/1.1\r\ncontent-length: ",
                  str(len(self.body)).encode("ascii"), b"\r\n"]  # fmt: skip
+        dropped = _named_by_connection(self.headers)
         for name, value in self.headers:
-            if name in _REQUEST_HEADERS:
+            if name in _REQUEST_HEADERS and name not in dropped:
                 lines += (name, b": ", value, b"\r\n")
         return b"".join(lines)
 
@@ -252,7 +266,12 @@ class Relay:
 
 
 def _response_headers(upstream: Headers, state: PodState, request: ProxyRequest) -> Headers:
-    headers = [(name, value) for name, value in upstream if name not in _HOP_BY_HOP]
+    dropped = _HOP_BY_HOP | _named_by_connection(upstream)
+    headers = [
+        (name, value)
+        for name, value in upstream
+        if name not in dropped and not name.startswith(_OURS)
+    ]
     extra = dict(request.extra_response_headers(state))
     extra["x-kvgate-pod"] = state.name
     headers += [(name.encode("latin-1"), value.encode("latin-1")) for name, value in extra.items()]

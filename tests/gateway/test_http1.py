@@ -239,3 +239,38 @@ async def test_abort_closes_the_connection_so_the_engine_sees_the_client_leave(
     exchange.abort("client left")
     await asyncio.wait_for(peer_saw_close.wait(), 5)
     await eventually(lambda: pool.open_connections == 0, what="the connection forgotten")
+
+
+async def test_endless_response_headers_are_a_broken_response(
+    serve: Callable[[Handler], Awaitable[Server]], pool: Http1Pool
+) -> None:
+    async def endless(reader: Reader, writer: Writer, _: Server) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(100_000):  # stops when the pool closes the connection
+            writer.write(b"x-filler-%d: %s\r\n" % (i, b"y" * 200))
+            await writer.drain()
+
+    server = await serve(endless)
+    with pytest.raises(ResponseBroken, match="exceed"):
+        await pool.post(f"{server.url}/x", b"{}")
+    await eventually(lambda: pool.open_connections == 0, what="the connection closed")
+
+
+async def test_trickled_response_headers_hit_the_header_deadline(
+    serve: Callable[[Handler], Awaitable[Server]],
+) -> None:
+    async def trickle(reader: Reader, writer: Writer, _: Server) -> None:
+        await read_request(reader)
+        for byte in b"HTTP/1.1 200 OK\r\nx-slow: " + b"z" * 1000:
+            writer.write(bytes([byte]))  # each byte well within the read timeout
+            await writer.drain()
+            await asyncio.sleep(0.01)
+
+    pool = Http1Pool(connect_timeout_s=2.0, read_timeout_s=5.0, header_deadline_s=0.5)
+    server = await serve(trickle)
+    try:
+        with pytest.raises(ResponseBroken, match=r"took more than 0\.5 s"):
+            await pool.post(f"{server.url}/x", b"{}")
+    finally:
+        await pool.aclose()

@@ -1,0 +1,89 @@
+"""What crosses the gateway in headers: hop-by-hop fields are never relayed (RFC 9110
+§7.6.1, both ways), and an engine cannot set the gateway's own x-kvgate-* headers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.gateway.conftest import MODEL, StartGateway
+
+EVIL_ANSWER = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+    b"connection: keep-alive, x-hop\r\nx-hop: engine-private\r\n"
+    b"proxy-authenticate: Basic realm=engine\r\nproxy-connection: keep-alive\r\n"
+    b"x-kvgate-pod: forged\r\nx-kvgate-cached-blocks: 999\r\nx-engine-ok: kept\r\n\r\n{}"
+)
+
+
+class Engine:
+    """A raw HTTP engine: /metrics answers empty, everything else the evil answer; every
+    request's head is kept."""
+
+    def __init__(self) -> None:
+        self.heads: list[bytes] = []
+        self.server: asyncio.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                if head.startswith(b"GET /metrics"):
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                elif head.startswith(b"POST /tokenize"):
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                else:
+                    self.heads.append(head)
+                    writer.write(EVIL_ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    engine = Engine()
+    engine.server = await asyncio.start_server(engine.handle, "127.0.0.1", 0)
+    yield engine
+    engine.server.close()
+    await engine.server.wait_closed()
+
+
+async def test_hop_by_hop_and_forged_headers_are_not_relayed(
+    start_gateway: StartGateway, engine: Engine
+) -> None:
+    gw = await start_gateway(engines=0, pods=[{"name": "raw", "url": engine.url, "model": MODEL}])
+    async with gw.client() as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            headers={
+                "connection": "keep-alive, authorization",
+                "authorization": "Bearer k",
+                "x-request-id": "r1",
+            },
+        )
+    assert response.status_code == 200
+    headers = response.headers
+    for name in ("x-hop", "proxy-authenticate", "proxy-connection"):
+        assert name not in headers, name
+    assert headers.get_list("x-kvgate-pod") == ["raw"]  # the gateway's own, once
+    assert headers["x-kvgate-cached-blocks"] == "0"
+    assert headers["x-engine-ok"] == "kept"
+    (head,) = engine.heads
+    assert b"authorization" not in head.lower()  # named by the client's Connection header
+    assert b"x-request-id: r1" in head
