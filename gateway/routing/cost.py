@@ -9,9 +9,7 @@ decision time:
 - its own uncached tokens: the prompt minus the blocks the pod holds from the start (GPU
   blocks free, CPU and STORAGE blocks at a fraction of a token's prefill: their load cost);
 - queued prefill: for every request this gateway sent to the pod whose first byte has not
-  come back, its uncached tokens at its decision time, less what the pod has prefilled since
-  (a fluid queue draining at the pod's learned per-token rate, so a request sent long ago
-  counts as mostly done); plus what other gateway replicas
+  come back, its uncached tokens at its decision time; plus what other gateway replicas
   have queued there, estimated from the engine's scraped `waiting` gauge beyond our own
   count at that scrape, at this pod's mean uncached tokens per request. The queue ahead
   runs on the same GPU at the same rate as the request's own prefill, so both share θ1
@@ -155,10 +153,6 @@ class _PodWork:
 
     model: TtftModel
     prefill_tokens: float = 0.0
-    """Uncached tokens of our requests without a first byte yet."""
-    backlog: float = 0.0
-    backlog_at: float = 0.0
-    """Of those, what the engine has not prefilled yet, as a fluid queue at `backlog_at`."""
     prefilling: int = 0
     decoding: int = 0
     mean_tokens: float = 0.0
@@ -212,7 +206,7 @@ class CostModel:
         now = self._clock()
         if work.unobserved:
             self._expire(work, now)
-        queued = self._backlog(work, now)
+        queued = work.prefill_tokens
         queued_requests = float(work.prefilling)
         decoding = float(work.decoding)
         if scraped_at is not None:
@@ -262,7 +256,6 @@ class CostModel:
         """The request goes to `prediction.pod` now: its prefill joins that pod's queue."""
         work = self._work(prediction.pod)
         ticket = Ticket(prediction.pod, prediction, self._clock(), streamed)
-        work.backlog = self._backlog(work, ticket.started) + prediction.own_tokens
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
@@ -340,17 +333,6 @@ class CostModel:
         work.prefilling = max(0, work.prefilling - 1)
         if work.prefilling == 0:
             work.prefill_tokens = 0.0  # no float drift when the queue drains
-        work.backlog = min(work.backlog, work.prefill_tokens)
-
-    def _backlog(self, work: _PodWork, now: float) -> float:
-        """Prefill tokens still ahead on the pod: the queue drains at the pod's learned rate
-        from the moment work arrives (a request sent long ago is mostly done), and never
-        holds more than our requests without a first byte."""
-        per_token = work.model.theta[1] / _TOKEN_UNIT
-        drained = (now - work.backlog_at) / per_token if per_token > 0 else math.inf
-        work.backlog = min(max(0.0, work.backlog - drained), work.prefill_tokens)
-        work.backlog_at = now
-        return work.backlog
 
     def _expire(self, work: _PodWork, now: float) -> None:
         heap = work.unobserved

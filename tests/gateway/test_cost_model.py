@@ -194,16 +194,3 @@ def test_a_scrape_noted_when_it_arrives_adds_no_phantom_queue() -> None:
     assert seen.decoding == 2.0  # ours, not another replica's
     for ticket in tickets:
         cost.finish(ticket)
-
-
-def test_the_queue_drains_at_the_learned_rate() -> None:
-    clock = Clock()
-    cost = CostModel(clock=clock)
-    ticket = cost.start(cost.predict("p", 2000, 0.0), streamed=True)
-    per_token = cost.model("p").theta[1] / 1000
-    clock.now += 500 * per_token  # a quarter of its prefill is done by now
-    assert cost.predict("p", 10, 0.0).queued_tokens == pytest.approx(1500)
-    clock.now += 10.0  # long past: nothing left ahead, though no first byte came yet
-    assert cost.predict("p", 10, 0.0).queued_tokens == 0.0
-    assert cost.outstanding("p") == (2000.0, 1, 0)
-    cost.finish(ticket)
