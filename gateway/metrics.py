@@ -35,8 +35,16 @@ class GatewayMetrics:
         self.registry = registry
         self.requests = Counter(
             "kvgate_requests",
-            "Requests handled, by model, pod, policy and HTTP status",
+            "Proxied requests, each once, by model, the pod that answered (or was tried "
+            "last), policy and the status the client saw (cut / client_disconnect: ended "
+            "mid-answer)",
             ["model", "pod", "policy", "status"],
+            registry=registry,
+        )
+        self.attempts = Counter(
+            "kvgate_upstream_attempts",
+            "Every attempt to a pod (a retried request makes two), by pod and outcome",
+            ["pod", "outcome"],
             registry=registry,
         )
         self.rejected = Counter(

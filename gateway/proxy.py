@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.http1 import Aborted, Exchange, Headers, Http1Error, Http1Pool, ResponseTimeout
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodState
+
+logger = logging.getLogger(__name__)
 
 _REQUEST_HEADERS = frozenset(
     (b"content-type", b"accept", b"authorization", b"user-agent", b"x-request-id")
@@ -148,28 +151,32 @@ class Upstream:
                         state.pod.url, head, request.body, on_exchange=watch.attach
                     )
                 except Aborted:
-                    self.release(state, request, "client_disconnect")
+                    self.release(state, request, "client_disconnect", final=True)
                     raise ClientGone from None
                 except ResponseTimeout:
-                    self.release(state, request, "504")
+                    self.release(state, request, "504", final=True)
                     metrics.upstream_errors.labels(state.name, "timeout").inc()
                     raise UpstreamTimeout(f"pod {state.name} did not answer in time") from None
                 except Http1Error as exc:
-                    self.release(state, request, "502")
+                    self.release(state, request, "502", final=last)
                     metrics.upstream_errors.labels(state.name, "connect").inc()
                     if last:
                         message = f"pod {state.name} could not be reached: {exc}"
                         raise UpstreamError(message) from None
                     metrics.retries.labels(state.name).inc()
+                    logger.info("retrying on another pod: %s could not be reached (%s)",
+                                state.name, exc)  # fmt: skip
                     continue
                 except BaseException:
-                    self.release(state, request, "client_disconnect")
+                    self.release(state, request, "client_disconnect", final=True)
                     raise
                 if exchange.status >= 500 and not last:
                     exchange.abort("retrying elsewhere")
-                    self.release(state, request, str(exchange.status))
+                    self.release(state, request, str(exchange.status), final=False)
                     metrics.upstream_errors.labels(state.name, "status_5xx").inc()
                     metrics.retries.labels(state.name).inc()
+                    logger.info("retrying on another pod: %s answered %d before any byte",
+                                state.name, exchange.status)  # fmt: skip
                     continue
                 if on_served is not None:
                     on_served(state, exchange.status)
@@ -189,10 +196,18 @@ class Upstream:
     def cut(self, state: PodState) -> None:
         self._metrics.upstream_errors.labels(state.name, "midstream").inc()
 
-    def release(self, state: PodState, request: ProxyRequest, status: str) -> None:
+    def release(
+        self, state: PodState, request: ProxyRequest, outcome: str, *, final: bool = True
+    ) -> None:
+        """An attempt on `state` ended with `outcome`; `final`: it is also the request's
+        end, which the client saw (`kvgate_requests_total` counts each request once, with
+        that status; every attempt is in `kvgate_upstream_attempts_total`)."""
         state.inflight -= 1
-        self._metrics.inflight.labels(state.name).dec()
-        self._metrics.requests.labels(request.model, state.name, request.policy, status).inc()
+        metrics = self._metrics
+        metrics.inflight.labels(state.name).dec()
+        metrics.attempts.labels(state.name, outcome).inc()
+        if final:
+            metrics.requests.labels(request.model, state.name, request.policy, outcome).inc()
 
 
 class Relay:

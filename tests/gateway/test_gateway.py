@@ -186,6 +186,27 @@ async def test_engine_5xx_before_any_byte_is_retried_on_the_next_pod(
     async with gw.client() as client:
         metrics = (await client.get("/metrics")).text
     assert 'kvgate_upstream_retries_total{pod="e0"} 1.0' in metrics
+    # Counted once, with the status the client saw; each attempt in its own counter.
+    requests = [line for line in metrics.splitlines() if line.startswith("kvgate_requests_total{")]
+    assert requests == [
+        'kvgate_requests_total{model="sim-model",pod="e1",policy="round-robin",status="200"} 1.0'
+    ]
+    assert 'kvgate_upstream_attempts_total{outcome="503",pod="e0"} 1.0' in metrics
+    assert 'kvgate_upstream_attempts_total{outcome="200",pod="e1"} 1.0' in metrics
+
+
+async def test_a_request_retried_after_a_connect_error_counts_once(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=2, scrape_interval_s=30.0)  # e0 stays "healthy"
+    await gw.engines[0].stop()
+    response = await post_chat(gw, chat("anyone"), headers={"x-kvgate-policy": "round-robin"})
+    assert response.status_code == 200 and response.headers["x-kvgate-pod"] == "e1"
+    async with gw.client() as client:
+        metrics = (await client.get("/metrics")).text
+    requests = [line for line in metrics.splitlines() if line.startswith("kvgate_requests_total{")]
+    assert len(requests) == 1 and 'status="200"' in requests[0] and requests[0].endswith(" 1.0")
+    assert 'kvgate_upstream_attempts_total{outcome="502",pod="e0"} 1.0' in metrics
 
 
 async def test_failure_after_the_first_byte_is_passed_on(start_gateway: StartGateway) -> None:
