@@ -61,6 +61,9 @@ class MetricsScraper:
 
     Any HTTP answer below 500 counts as alive (an engine started without metrics answers
     404); `unhealthy_after` consecutive failures mark the pod unhealthy, one success heals.
+    Each pod is scraped by its own task, and each exchange (connect, headers, body) has one
+    deadline: an engine that trickles its page a byte at a time fails its own scrape in
+    time and delays no other pod's health.
     """
 
     def __init__(
@@ -81,9 +84,28 @@ class MetricsScraper:
         self._clock = clock
 
     async def run(self) -> None:
-        while True:
-            await self.scrape_all()
-            self._registry.sync_index_modes()
+        """One scraping task per pod (started and stopped as pods come and go)."""
+        tasks: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                live = {state.name for state in self._registry.all()}
+                for name in [name for name, task in tasks.items() if name not in live]:
+                    tasks.pop(name).cancel()
+                for name in live:
+                    task = tasks.get(name)
+                    if task is None or task.done():
+                        tasks[name] = asyncio.create_task(self._scrape_pod(name),
+                                                          name=f"kvgate-scrape-{name}")  # fmt: skip
+                self._registry.sync_index_modes()
+                await asyncio.sleep(self._interval_s)
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+    async def _scrape_pod(self, name: str) -> None:
+        while (state := self._registry.get(name)) is not None:
+            await self._scrape(state)
             await asyncio.sleep(self._interval_s)
 
     async def scrape_all(self) -> None:
@@ -92,12 +114,13 @@ class MetricsScraper:
             await asyncio.gather(*(self._scrape(state) for state in states))
 
     async def _scrape(self, state: PodState) -> None:
-        timeout = max(0.2, min(self._interval_s, 2.0))
+        deadline = max(0.2, min(self._interval_s, 2.0))
         try:
-            response = await self._client.get(f"{state.pod.url}/metrics", timeout=timeout)
+            async with asyncio.timeout(deadline):  # the whole exchange, not each read
+                response = await self._client.get(f"{state.pod.url}/metrics", timeout=deadline)
             ok = response.status_code < 500
             gauges = parse_engine_metrics(response.text) if response.status_code == 200 else {}
-        except httpx.HTTPError:
+        except (httpx.HTTPError, TimeoutError):
             ok, gauges = False, {}
         if ok:
             if not state.healthy:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -294,3 +295,49 @@ async def test_a_pod_that_never_answered_becomes_unhealthy(client: httpx.AsyncCl
 
 async def test_an_empty_registry_is_fine(client: httpx.AsyncClient) -> None:
     await scraper(registry(), client).scrape_all()
+
+
+async def test_a_trickling_engine_fails_its_own_scrapes_and_delays_no_other(
+    start_engine: StartEngine, client: httpx.AsyncClient
+) -> None:
+    """An engine whose /metrics trickles a byte every 0.1 s (each read well within any
+    per-read timeout) is marked unhealthy by the deadline on the whole exchange, while the
+    healthy pod keeps being scraped every interval."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            for byte in b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n" + b"#" * 100_000:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        writer.close()
+
+    slow = await asyncio.start_server(trickle, "127.0.0.1", 0)
+    healthy = await start_engine(name="healthy")
+    reg = registry()
+    await reg.upsert_pod(Pod(name="slow", url=f"http://127.0.0.1:{slow.sockets[0].getsockname()[1]}",
+                             model=MODEL))  # fmt: skip
+    fine = await add(reg, healthy)
+    scrapes: list[tuple[str, bool, float]] = []
+    metrics = MetricsScraper(
+        reg, client, interval_s=0.2, unhealthy_after=2,
+        on_scrape=lambda s, ok: scrapes.append((s.name, ok, time.monotonic())),
+    )  # fmt: skip
+    task = asyncio.create_task(metrics.run())
+    try:
+        await eventually(lambda: not reg.get("slow").healthy, within=5.0, what="slow unhealthy")
+
+        def fine_times() -> list[float]:
+            return [at for name, ok, at in scrapes if name == "healthy" and ok]
+
+        await eventually(lambda: len(fine_times()) >= 8, within=5.0, what="healthy scrapes")
+        gaps = [b - a for a, b in itertools.pairwise(fine_times())]
+        assert max(gaps) < 1.0  # a bound: the slow pod never holds the healthy one back
+        assert fine.healthy
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        slow.close()
+        await slow.wait_closed()
