@@ -95,6 +95,7 @@ def create_app(
     app.add_middleware(
         ConcurrencyLimit,
         limit=settings.max_concurrent_requests,
+        bodies_per_client=settings.max_bodies_per_client,
         on_reject=metrics.rejected.labels("TooManyRequests").inc,
     )
     return _CutConnections(app)  # type: ignore[return-value]

@@ -57,7 +57,10 @@ class Settings:
     """Kept out of repr: a logged or printed Settings must not show it."""
     max_body_bytes: int = 16 * 1024 * 1024
     max_concurrent_requests: int = 1024
-    """Requests handled at once (/v1 and /admin); beyond it 429 + Retry-After."""
+    """Requests handled at once (/v1 and /admin), from a complete body to the last byte of
+    the answer; beyond it 429 + Retry-After."""
+    max_bodies_per_client: int = 64
+    """Request bodies being received at once per client address; beyond it 429."""
     max_prompt_tokens: int | None = None
     """Longest prompt in tokens, checked when the tokenizer answered (400); None: no limit."""
     body_timeout_s: float = 30.0
@@ -169,6 +172,9 @@ class Settings:
         )
         values["max_concurrent_requests"] = reader.get(
             "KVGATE_MAX_CONCURRENT_REQUESTS", _positive_int, 1024, "an integer > 0"
+        )
+        values["max_bodies_per_client"] = reader.get(
+            "KVGATE_MAX_BODIES_PER_CLIENT", _positive_int, 64, "an integer > 0"
         )
         values["max_prompt_tokens"] = reader.get(
             "KVGATE_MAX_PROMPT_TOKENS", _positive_int, None, "an integer > 0"

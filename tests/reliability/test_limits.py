@@ -4,6 +4,7 @@ concurrent requests, prompt tokens."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -114,13 +115,15 @@ async def test_requests_beyond_the_concurrency_limit_get_429_with_retry_after(
     serve_gateway: ServeGateway,
 ) -> None:
     gw = await serve_gateway(max_concurrent_requests=2, body_timeout_s=30.0)
-    port = gw.server.port
     body = chat_body()
-    # two requests hold both slots: their bodies are incomplete
-    held = [
-        await open_partial_request(port, "/v1/chat/completions", body, sent=5) for _ in range(2)
-    ]
-    async with gw.client() as client:
+    long_answer = json.dumps({"model": MODEL, "stream": True, "max_tokens": 400,
+                              "messages": [{"role": "user", "content": "go on"}]})  # fmt: skip
+    async with gw.client() as client, contextlib.AsyncExitStack() as streams:
+        # two long streamed answers hold both slots until their last byte
+        for _ in range(2):
+            await streams.enter_async_context(
+                client.stream("POST", "/v1/chat/completions", content=long_answer)
+            )
         await eventually(lambda: _in_progress(gw) == 2, what="two requests in progress")
         refused = await client.post("/v1/chat/completions", content=body)
         admin_refused = await client.get("/admin/pods")
@@ -133,17 +136,47 @@ async def test_requests_beyond_the_concurrency_limit_get_429_with_retry_after(
         assert admin_refused.status_code == 429
         assert health.status_code == 200 and metrics.status_code == 200
         assert 'kvgate_requests_rejected_total{reason="TooManyRequests"} 2.0' in metrics.text
-        # finishing one held request frees its slot
-        reader, writer = held[0]
+    # the streams closed: their slots are free
+    await eventually(lambda: _in_progress(gw) == 0, what="the slots freed")
+    async with gw.client() as client:
+        accepted = await client.post("/v1/chat/completions", content=body)
+    assert accepted.status_code == 200
+
+
+async def test_slow_bodies_hold_no_slot(serve_gateway: ServeGateway) -> None:
+    """Trickling bodies used to take every slot until the body timeout: now a slot is taken
+    when the body is complete, and each client address has its own bound on bodies being
+    received."""
+    gw = await serve_gateway(max_concurrent_requests=2, max_bodies_per_client=12,
+                             body_timeout_s=30.0)  # fmt: skip
+    port = gw.server.port
+    body = chat_body()
+    slow = [await open_partial_request(port, "/v1/chat/completions", body, sent=5)
+            for _ in range(10)]  # fmt: skip
+    try:
+        async with gw.client() as client:
+            for _ in range(3):  # real requests still get through, one after the other
+                answer = await client.post("/v1/chat/completions", content=body)
+                assert answer.status_code == 200, answer.text
+            assert _in_progress(gw) == 0
+            # this address has 10 bodies in progress; 2 more are allowed, then 429 at once
+            more = [await open_partial_request(port, "/v1/chat/completions", body, sent=5)
+                    for _ in range(2)]  # fmt: skip
+            slow += more
+            reader, writer = await open_partial_request(port, "/v1/chat/completions", body, 5)
+            slow.append((reader, writer))
+            status, headers, refused = await read_response(reader)
+            assert status == 429 and headers["retry-after"] == "1"
+            assert b"KVGATE_MAX_BODIES_PER_CLIENT" in refused
+        # a trickled body that completes is served like any other
+        reader, writer = slow[0]
         writer.write(body[5:])
         await writer.drain()
         status, _, _ = await read_response(reader)
         assert status == 200
-        await eventually(lambda: _in_progress(gw) == 1, what="the slot freed")
-        accepted = await client.post("/v1/chat/completions", content=body)
-        assert accepted.status_code == 200
-    for _, writer in held:
-        writer.close()
+    finally:
+        for _, writer in slow:
+            writer.close()
 
 
 def _in_progress(gw: object) -> int:
