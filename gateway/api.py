@@ -228,6 +228,9 @@ async def health(request: Request) -> Response:
 def readiness(gateway: GatewayState) -> tuple[bool, str]:
     if not gateway.discovery_ready.is_set():
         return False, "discovery has not reported the pods yet"
+    down = gateway.background.down if gateway.background is not None else set()
+    if "discovery" in down:
+        return False, "discovery failed and is restarting: the pod list may be stale"
     if not gateway.registry.routable():
         return False, "no routable pod"
     for state in gateway.registry.routable():  # a starting engine must not hold us back

@@ -15,9 +15,8 @@ import logging
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -44,6 +43,7 @@ from gateway.routing import CostModel, PinLookup
 from gateway.scraper import MetricsScraper
 from gateway.settings import Settings
 from gateway.state import GatewayState
+from gateway.supervisor import Supervisor
 from gateway.tokenizer import RemoteTokenizer
 from indexer import ConfigError, SyncPrefixHashTable
 from subscriber import IndexSink, SubscriberManager
@@ -202,15 +202,19 @@ async def _start(
             else None
         ),
     )
-    background = _Background()
+    background = gateway.background = Supervisor(metrics.background_restarts)
     stack.push_async_callback(background.stop)
-    discovery_task = background.start("discovery", discovery.run(registry, gateway.discovery_ready))
+    discovery_task = background.start(
+        "discovery",
+        lambda: discovery.run(registry, gateway.discovery_ready),
+        restart_if=gateway.discovery_ready.is_set,  # a first load that fails stops start-up
+    )
     await _wait_for_discovery(gateway.discovery_ready, discovery_task)
-    background.start("metrics-scraper", scraper.run())
-    background.start("index-eviction", _evict_periodically(table, settings))
-    background.start("pin-reconcile", pins.run())
+    background.start("metrics-scraper", scraper.run)
+    background.start("index-eviction", lambda: _evict_periodically(table, settings))
+    background.start("pin-reconcile", pins.run)
     if writer is not None:
-        background.start("snapshot-writer", writer.run())
+        background.start("snapshot-writer", writer.run)
     logger.info("kvgate gateway ready: %d pods", len(registry.all()))
     return gateway
 
@@ -254,36 +258,6 @@ async def _evict_periodically(table: SyncPrefixHashTable, settings: Settings) ->
     while True:
         await asyncio.sleep(settings.index.limits.eviction_interval_s)
         table.evict()
-
-
-class _Background:
-    """Named background tasks with hard references, stopped in reverse start order."""
-
-    def __init__(self) -> None:
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self, name: str, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._guard(name, work), name=f"kvgate-{name}")
-        self._tasks.append(task)
-        return task
-
-    @staticmethod
-    async def _guard(name: str, work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("background task %s failed", name)
-            raise
-
-    async def stop(self) -> None:
-        for task in reversed(self._tasks):
-            task.cancel()
-        for task in reversed(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -41,6 +41,13 @@ class GatewayMetrics:
             ["model", "pod", "policy", "status"],
             registry=registry,
         )
+        self.background_restarts = Counter(
+            "kvgate_background_restarts",
+            "Background tasks (discovery, metrics-scraper, index-eviction, pin-reconcile, "
+            "snapshot-writer) restarted after a failure",
+            ["task"],
+            registry=registry,
+        )
         self.attempts = Counter(
             "kvgate_upstream_attempts",
             "Every attempt to a pod (a retried request makes two), by pod and outcome",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from starlette.requests import Request
 
@@ -31,6 +32,12 @@ class GatewayState:
     discovery: Discovery
     discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
     pins: PinManager | None = None
+    background: Supervised | None = None
+    """The supervised background tasks (which are down, waiting for their restart)."""
+
+
+class Supervised(Protocol):
+    down: set[str]
 
 
 def state_of(request: Request) -> GatewayState:
