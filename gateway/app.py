@@ -37,6 +37,7 @@ from gateway.pinning import api as pinning_api
 from gateway.pinning.client import PinClient
 from gateway.pinning.manager import PinConfig, PinManager
 from gateway.proxy import ClientGone, Upstream, UpstreamCut
+from gateway.reaper import DeadPodReaper
 from gateway.registry import PodRegistry
 from gateway.router import Router, build_policies
 from gateway.routing import CostModel, PinLookup
@@ -212,6 +213,9 @@ async def _start(
     await _wait_for_discovery(gateway.discovery_ready, discovery_task)
     background.start("metrics-scraper", scraper.run)
     background.start("index-eviction", lambda: _evict_periodically(table, settings))
+    reaper = DeadPodReaper(registry, gateway.upstream, metrics.dead_pod_cuts,
+                           grace_s=settings.dead_pod_grace_s)  # fmt: skip
+    background.start("dead-pod-reaper", reaper.run)
     background.start("pin-reconcile", pins.run)
     if writer is not None:
         background.start("snapshot-writer", writer.run)

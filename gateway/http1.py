@@ -238,6 +238,12 @@ class Exchange:
         else:
             self._fail(ResponseBroken("the connection closed in the middle of the answer"))
 
+    def break_off(self, reason: str) -> None:
+        """End an exchange still in progress as broken (its pod is gone): a waiter for the
+        headers or the next chunk gets ResponseBroken. A finished exchange is left alone."""
+        if not self.complete and not self._released:
+            self._fail(ResponseBroken(reason))
+
     def abort(self, reason: str = "aborted") -> None:
         """End the exchange now (from any task): close the connection, wake any waiter."""
         if not self.complete:

@@ -48,6 +48,13 @@ class GatewayMetrics:
             ["task"],
             registry=registry,
         )
+        self.dead_pod_cuts = Counter(
+            "kvgate_dead_pod_cuts",
+            "Requests in flight cut because their pod left discovery or failed its health "
+            "checks for longer than KVGATE_DEAD_POD_GRACE",
+            ["pod"],
+            registry=registry,
+        )
         self.attempts = Counter(
             "kvgate_upstream_attempts",
             "Every attempt to a pod (a retried request makes two), by pod and outcome",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -118,6 +119,34 @@ class Upstream:
         self._pool = pool
         self._metrics = metrics
         self._clock = clock
+        self._exchanges: dict[str, weakref.WeakSet[Exchange]] = {}
+        """Per pod, its exchanges (weak: a finished one is dropped with its relay)."""
+
+    def pods_in_flight(self) -> list[str]:
+        for pod in [pod for pod, exchanges in self._exchanges.items() if not exchanges]:
+            del self._exchanges[pod]
+        return list(self._exchanges)
+
+    def break_off(self, pod: str, reason: str) -> int:
+        """End every exchange in progress with `pod` as broken: streams are cut, requests
+        still waiting for their answer fail over. Returns how many were in progress."""
+        exchanges = list(self._exchanges.pop(pod, ()))
+        for exchange in exchanges:
+            exchange.break_off(reason)
+        return len(exchanges)
+
+    def _watcher(self, state: PodState, watch: ClientWatch) -> Callable[[Exchange], None]:
+        """What hears of a new exchange with `state`: the client's watch, and this proxy's
+        per-pod book of exchanges in progress."""
+
+        def started(exchange: Exchange) -> None:
+            watch.attach(exchange)
+            tracked = self._exchanges.get(state.name)
+            if tracked is None:
+                tracked = self._exchanges[state.name] = weakref.WeakSet()
+            tracked.add(exchange)
+
+        return started
 
     async def forward(
         self,
@@ -148,7 +177,7 @@ class Upstream:
                 self._acquire(state)
                 try:
                     exchange = await self._pool.send(
-                        state.pod.url, head, request.body, on_exchange=watch.attach
+                        state.pod.url, head, request.body, on_exchange=self._watcher(state, watch)
                     )
                 except Aborted:
                     self.release(state, request, "client_disconnect", final=True)

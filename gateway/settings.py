@@ -70,6 +70,8 @@ class Settings:
     max_header_bytes: int = 32 * 1024
     """Bound on a request's URL + headers (431 beyond it)."""
     upstream_connect_timeout_s: float = 2.0
+    dead_pod_grace_s: float = 10.0
+    """In-flight requests of a pod gone from discovery or unhealthy are cut after this."""
     upstream_timeout_s: float = 600.0
     """Longest wait for the engine's next byte (headers, or the next chunk of a stream)."""
     max_connections_per_pod: int = 256
@@ -187,6 +189,7 @@ class Settings:
             ("KVGATE_HEADER_TIMEOUT", "header_timeout_s", 10.0),
             ("KVGATE_UPSTREAM_CONNECT_TIMEOUT", "upstream_connect_timeout_s", 2.0),
             ("KVGATE_UPSTREAM_TIMEOUT", "upstream_timeout_s", 600.0),
+            ("KVGATE_DEAD_POD_GRACE", "dead_pod_grace_s", 10.0),
             ("KVGATE_SCRAPE_INTERVAL", "scrape_interval_s", 1.0),
             ("KVGATE_DRAIN_TIMEOUT", "drain_timeout_s", 20.0),
             ("KVGATE_PIN_DEFAULT_TTL", "pin_default_ttl_s", 600.0),
