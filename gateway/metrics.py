@@ -290,9 +290,21 @@ class _FleetCollector(Collector):
             if self.table.has_pod(state.name):
                 count = self.table.rejected_blocks(state.name).get("broken_chain", 0)
                 broken.add_metric([state.name], float(count))
+        resets = CounterMetricFamily(
+            "kvgate_subscriber_index_resets",
+            "Times a pod's index was thrown away, by cause: engine_restart, replay_unavailable "
+            "(rebuilt from live batches), replay_overrun, cleared (AllBlocksCleared)",
+            labels=["pod", "cause"],
+        )
+        for state in self.pods.all():
+            status = self.pods.subscriber_status(state.name)
+            if status is not None:
+                for cause, count in sorted(status.resets.items()):
+                    resets.add_metric([state.name, cause], float(count))
         yield from families.values()
         yield from counters.values()
         yield broken
+        yield resets
         rejected = CounterMetricFamily(
             "kvgate_subscriber_rejected_frames", "Frames that could not be decoded",
             labels=["pod", "reason"],

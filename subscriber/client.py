@@ -100,6 +100,11 @@ class PodSubscriber:
         # restarted and reached our seq again meanwhile, which no seq check notices, so the
         # next live batch first checks the last applied one against the replay buffer.
         self._verify = False
+        # Whether the index holds anything applied since the last reset: a reset of an
+        # index never built (the first build, a second reset in a row) is no news.
+        self._built = False
+        self._seq_when_unreachable: int | None = None
+        """Our last applied seq when a reset found the replay socket unreachable."""
         self._counters = SubscriberCounters()
         self._last_message_at: float | None = None
         self._queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(
@@ -113,6 +118,7 @@ class PodSubscriber:
             # checks the engine's replay against it like after a reconnect.
             self._last_seq, self._last_digest = resume.seq, resume.digest
             self._restored_whole = resume.whole
+            self._built = True
             self._degrade("restored from a snapshot: checking the engine's replay")
 
     # -- public ---------------------------------------------------------------------------
@@ -134,6 +140,7 @@ class PodSubscriber:
             live_dropped=counters.live_dropped,
             frames_rejected=counters.frames_rejected,
             last_message_at=self._last_message_at,
+            resets=dict(counters.resets),
         )
 
     def resume_point(self) -> ResumePoint | None:
@@ -292,6 +299,13 @@ class PodSubscriber:
         verifiable = self._last_seq is not None and self.endpoint.replay is not None
         if self._verify and verifiable and not self._rebaseline:
             await self._catch_up("event socket reconnected")
+        silent_at = self._seq_when_unreachable
+        if self._rebaseline and silent_at is not None:
+            # Reset while its replay socket was unreachable; publishing again from a seq at
+            # or below the last one we had: the engine restarted (a real vLLM restart).
+            self._seq_when_unreachable = None
+            if seq <= silent_at:
+                self._engine_restarted(f"publishing from seq {seq} again after it went silent")
         if self._rebaseline and self.endpoint.replay is not None and await self._rebuilt():
             # The engine publishes again and its replay socket answered this time: a whole
             # rebuild beats a baseline that would leave the pod degraded for good.
@@ -325,8 +339,10 @@ class PodSubscriber:
         self._sink.apply(self.endpoint.name, batch)
         self._counters.batches_applied += 1
         self._advance(seq, payload)
+        self._built = True
         if any(isinstance(event, AllBlocksCleared) for event in batch.events):
             self._mark_whole()  # the engine is empty: whatever we missed is gone
+            self._count_reset("cleared", "the engine cleared its cache (AllBlocksCleared)")
 
     def _advance(self, seq: int, payload: bytes) -> None:
         digest = _digest(payload)
@@ -339,15 +355,22 @@ class PodSubscriber:
 
     # -- replay ---------------------------------------------------------------------------
 
-    async def _replay_from_start(self) -> None:
-        """Rebuild the pod from the engine's whole replay buffer."""
-        self._reset(degraded="replaying")
+    async def _replay_from_start(self, cause: str | None = None) -> None:
+        """Rebuild the pod from the engine's whole replay buffer (`cause`: why its index
+        is thrown away, when that is news)."""
+        self._reset(degraded="replaying", cause=cause)
         try:
             entries = await self._replay(0)
         except ReplayUnavailableError as exc:
             self._degrade(f"no replay ({exc}): the index holds only batches seen live")
             self._rebaseline = True
             return
+        silent_at = self._seq_when_unreachable
+        if entries and silent_at is not None:
+            self._seq_when_unreachable = None
+            if entries[-1].seq <= silent_at:  # its history is shorter than what we had seen
+                self._engine_restarted(f"its replay ends at seq {entries[-1].seq} after it "
+                                       f"went silent at {silent_at}")  # fmt: skip
         if entries and entries[0].seq != 0:
             self._degrade(f"replay buffer starts at seq {entries[0].seq}: older blocks unknown")
         else:
@@ -374,19 +397,20 @@ class PodSubscriber:
         try:
             entries = await self._replay(last)
         except ReplayUnavailableError as exc:
-            self._reset(degraded=f"{why}; no replay ({exc}): pod reset")
+            self._reset(degraded=f"{why}; no replay ({exc}): pod reset", cause="replay_unavailable")
             self._rebaseline = True
+            self._seq_when_unreachable = last
             return False
         if not entries or entries[0].seq < last:
             self._engine_restarted(why)
-            await self._replay_from_start()
+            await self._replay_from_start(cause="engine_restart")
         elif entries[0].seq > last:
             lost = f"seq {last + 1}..{entries[0].seq - 1} lost"
-            self._reset(degraded=f"{why}; replay buffer overrun ({lost})")
+            self._reset(degraded=f"{why}; replay buffer overrun ({lost})", cause="replay_overrun")
             await self._apply_entries(entries)
         elif _digest(entries[0].payload) != self._last_digest:
             self._engine_restarted(why)
-            await self._replay_from_start()
+            await self._replay_from_start(cause="engine_restart")
         else:
             if restored_whole:
                 self._mark_whole()  # the restored index is the engine's history: confirmed
@@ -425,7 +449,12 @@ class PodSubscriber:
 
     # -- state ----------------------------------------------------------------------------
 
-    def _reset(self, *, degraded: str) -> None:
+    def _reset(self, *, degraded: str, cause: str | None = None) -> None:
+        """Throw the pod's index away; `cause` counts it (None: nothing was built since the
+        last counted reset, e.g. the first build)."""
+        if cause is not None and self._built:
+            self._count_reset(cause, degraded)
+        self._built = False
         self._sink.reset(self.endpoint.name)
         self._rebaseline = False
         self._last_seq = None
@@ -437,6 +466,12 @@ class PodSubscriber:
     def _engine_restarted(self, why: str) -> None:
         self._counters.restarts += 1
         logger.info("kv events of %s: engine restarted (%s); rebuilding", self.endpoint.name, why)
+
+    def _count_reset(self, cause: str, detail: str) -> None:
+        resets = self._counters.resets
+        resets[cause] = resets.get(cause, 0) + 1
+        if cause != "engine_restart":  # _engine_restarted said it already
+            logger.info("kv events of %s: index reset (%s): %s", self.endpoint.name, cause, detail)
 
     def _degrade(self, reason: str) -> None:
         self._whole = False

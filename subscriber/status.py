@@ -80,6 +80,9 @@ class PodSubscriberStatus:
     live_dropped: int
     frames_rejected: int
     last_message_at: float | None
+    resets: Mapping[str, int] = field(default_factory=dict)
+    """Index resets of this pod by cause (engine_restart, replay_unavailable,
+    replay_overrun, cleared)."""
 
 
 @dataclass(slots=True)
@@ -91,3 +94,4 @@ class SubscriberCounters:
     idle_probes: int = 0
     live_dropped: int = 0
     frames_rejected: int = 0
+    resets: dict[str, int] = field(default_factory=dict)

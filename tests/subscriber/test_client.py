@@ -335,3 +335,31 @@ async def test_manager_follows_discovery_and_shuts_down_cleanly(
     assert table.has_pod("one")  # closing keeps the index; removing a pod drops it
     with pytest.raises(RuntimeError, match="closed"):
         await manager.upsert(endpoint_of(one))
+
+
+async def test_an_engine_down_for_a_while_then_restarted_is_counted_as_a_restart(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    """As a real vLLM restart goes (SIGTERM, seconds down, back on the same ports): the
+    silence probe finds the replay socket unreachable and resets the pod; the engine then
+    publishes from seq 0. Both are counted: the reset by cause, the restart."""
+    first = await start_engine(name="e-down")
+    endpoint = await fleet.subscribe(first)
+    await traffic(first, "first process")
+    await fleet.wait_in_sync(first)
+    port = first.port
+    await first.stop()
+    await eventually(
+        lambda: "no replay" in (fleet.status(first).degraded_reason or ""),
+        within=30.0,
+        what="the silence probe found no replay socket",
+    )
+    assert fleet.status(first).resets.get("replay_unavailable") == 1
+    second = await start_engine(
+        name="e-down", port=port, events_endpoint=endpoint.events, replay_endpoint=endpoint.replay
+    )
+    await traffic(second, "second process")
+    await fleet.wait_in_sync(second)
+    status = fleet.status(second)
+    assert status.restarts == 1
+    assert status.whole
