@@ -270,6 +270,7 @@ class _FleetCollector(Collector):
                 ("gaps", "Sequence gaps detected"),
                 ("batches_applied", "Event batches applied to the index"),
                 ("live_dropped", "Live batches dropped by the bounded queue (replayed later)"),
+                ("refused_peers", "Publishers refused on a bound event socket (not the pod)"),
             )
         }
         for state in self.pods.all():

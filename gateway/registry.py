@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import logging
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from gateway.discovery import Pod
 from indexer import SyncPrefixHashTable
@@ -68,7 +71,8 @@ class PodRegistry:
         # A pod that is not Ready keeps its subscriber and index: it is only not routed. Its
         # cache survives a readiness blip (an engine under load), and so must our view of it.
         if self._subscribers is not None and pod.events is not None:
-            await self._subscribers.upsert(_endpoint(pod))
+            peers = await _addresses_of(pod) if pod.events_bind else ()
+            await self._subscribers.upsert(_endpoint(pod, peers))
         else:
             if subscribed:
                 await self._unsubscribe(pod.name)
@@ -146,7 +150,27 @@ class PodRegistry:
             )
 
 
-def _endpoint(pod: Pod) -> PodEndpoint:
+async def _addresses_of(pod: Pod) -> tuple[str, ...]:
+    """The addresses a pod's engine connects from (its URL's host, resolved), for the bound
+    event socket's ZAP check; empty for `ipc://` (file permissions decide there)."""
+    assert pod.events is not None
+    if not pod.events.startswith("tcp://"):
+        return ()
+    host = urlsplit(pod.url).hostname or ""
+    try:
+        return (str(ipaddress.ip_address(host)),)
+    except ValueError:
+        pass
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None)
+    except OSError as exc:
+        logger.warning("pod %s: cannot resolve %s (%s): its bound event socket refuses every "
+                       "publisher until it resolves", pod.name, host, exc)  # fmt: skip
+        return ("unresolved",)
+    return tuple(sorted({str(info[4][0]) for info in infos}))
+
+
+def _endpoint(pod: Pod, peers: tuple[str, ...] = ()) -> PodEndpoint:
     assert pod.events is not None
     return PodEndpoint(
         name=pod.name,
@@ -156,4 +180,5 @@ def _endpoint(pod: Pod) -> PodEndpoint:
         topic=pod.topic,
         bind=pod.events_bind,
         lora_names=pod.lora_ids,
+        allowed_peers=peers,
     )

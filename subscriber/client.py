@@ -50,6 +50,7 @@ from subscriber.status import (
     SubscriberCounters,
     SubscriberSettings,
 )
+from subscriber.zap import domain_of
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +218,8 @@ class PodSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
         monitor = sub.get_monitor_socket(_CONNECTION_UP | _CONNECTION_DOWN)
         if self.endpoint.bind:
+            if self.endpoint.allowed_peers:  # the manager's ZAP guard checks each peer
+                sub.setsockopt(zmq.ZAP_DOMAIN, domain_of(self.endpoint.name))
             sub.bind(self.endpoint.events)
         else:
             sub.connect(self.endpoint.events)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -17,6 +18,7 @@ from subscriber.client import PodSubscriber
 from subscriber.rejects import RejectCounter
 from subscriber.sink import BatchSink
 from subscriber.status import PodEndpoint, PodSubscriberStatus, ResumePoint, SubscriberSettings
+from subscriber.zap import ZapGuard
 
 ResumeHook = Callable[[PodEndpoint], ResumePoint | None]
 """Called when a pod's subscriber starts, after the pod is registered in the sink: it may
@@ -61,6 +63,7 @@ class SubscriberManager:
         self._clock = clock
         self._rng = rng or random.Random()
         self._running: dict[str, _Running] = {}
+        self._zap = ZapGuard(self._context)
         self._closed = False
 
     async def __aenter__(self) -> Self:
@@ -84,6 +87,8 @@ class SubscriberManager:
                 return
             await self._stop(endpoint.name)
         self._sink.register(endpoint.name, endpoint.model, endpoint.lora_names)
+        if endpoint.bind and endpoint.allowed_peers:
+            self._zap.allow(endpoint.name, endpoint.allowed_peers)
         subscriber = PodSubscriber(
             endpoint,
             context=self._context,
@@ -104,6 +109,7 @@ class SubscriberManager:
             await self._stop(name)
             self._sink.unregister(name)
             self.rejects.forget(name)
+            self._zap.forget(name)
             logger.info("kv events: unsubscribed from %s", name)
 
     def pods(self) -> list[str]:
@@ -111,7 +117,11 @@ class SubscriberManager:
 
     def status(self, name: str) -> PodSubscriberStatus | None:
         running = self._running.get(name)
-        return running.subscriber.status() if running else None
+        if running is None:
+            return None
+        status = running.subscriber.status()
+        refused = self._zap.refused.get(name, 0)
+        return dataclasses.replace(status, refused_peers=refused) if refused else status
 
     def resume_point(self, name: str) -> tuple[PodEndpoint, ResumePoint] | None:
         """The pod's endpoint and where its index stands, if it stands anywhere now."""
@@ -129,6 +139,7 @@ class SubscriberManager:
         self._closed = True
         for name in list(self._running):
             await self._stop(name)
+        await self._zap.close()
         if self._owns_context:
             self._context.destroy(linger=0)
 

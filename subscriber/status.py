@@ -24,6 +24,9 @@ class PodEndpoint:
     bind: bool = False
     """Bind `events` and let the engine connect (engines configured to connect out)."""
     lora_names: Mapping[int, str] = field(default_factory=dict)
+    allowed_peers: tuple[str, ...] = ()
+    """With `bind`: the only addresses a publisher may connect from (the pod's own); empty
+    accepts any (an `ipc://` endpoint, where file permissions decide)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +84,8 @@ class PodSubscriberStatus:
     frames_rejected: int
     last_message_at: float | None
     resets: Mapping[str, int] = field(default_factory=dict)
+    refused_peers: int = 0
+    """Publishers refused on a bound event socket (not from the pod's address)."""
     """Index resets of this pod by cause (engine_restart, replay_unavailable,
     replay_overrun, cleared)."""
 

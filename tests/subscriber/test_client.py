@@ -17,11 +17,14 @@ import zmq.asyncio
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable, Tier
 from simulator import EngineServer
 from subscriber import (
+    BlockStored,
     IndexSink,
+    KVEventBatch,
     Phase,
     PodEndpoint,
     SubscriberManager,
     SubscriberSettings,
+    encode_batch,
     encode_pub_message,
 )
 from tests.conftest import StartEngine
@@ -363,3 +366,40 @@ async def test_an_engine_down_for_a_while_then_restarted_is_counted_as_a_restart
     status = fleet.status(second)
     assert status.restarts == 1
     assert status.whole
+
+
+async def test_a_bound_event_socket_refuses_publishers_from_other_addresses(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    """The gateway binds; the engine connects from the pod's address (127.0.0.1). A rogue
+    local process connecting from another address (127.0.0.3, all of 127/8 is loopback)
+    with a forged batch for the pod is refused by the ZAP check and counted."""
+    port = free_port()
+    bound = f"tcp://127.0.0.1:{port}"
+    server = await start_engine(events_endpoint=bound, events_mode="connect")
+    await fleet.subscribe(server, events=bound, bind=True, allowed_peers=("127.0.0.1",))
+    await traffic(server, "genuine")
+    await fleet.wait_in_sync(server)
+    pod = server.engine.config.name
+    before = fleet.table.dump(pod)
+    forged = KVEventBatch(0.0, (BlockStored(tuple(range(900, 930)), None,
+                                            tuple(range(30 * 16)), 16),))  # fmt: skip
+    context = zmq.asyncio.Context()
+    rogue = context.socket(zmq.PUB)
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.connect(f"tcp://127.0.0.3:0;127.0.0.1:{port}")  # source address ; destination
+    topic = server.engine.config.topic
+    try:
+        for _ in range(40):  # PUB drops until connected: keep sending, as the next batch
+            seq = (fleet.status(server).last_seq or 0) + 1
+            await rogue.send_multipart(encode_pub_message(topic, seq, encode_batch(forged)))
+            await asyncio.sleep(0.02)
+            if fleet.status(server).refused_peers >= 2:
+                break
+    finally:
+        rogue.close(linger=0)
+        context.destroy(linger=0)
+    assert fleet.status(server).refused_peers >= 1
+    assert fleet.table.dump(pod) == before  # nothing forged reached the index
+    await traffic(server, "still genuine")
+    await fleet.wait_in_sync(server)  # the engine's own connection is unaffected
