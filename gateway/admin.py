@@ -62,6 +62,7 @@ def _pod_view(gateway: GatewayState, state: PodState) -> dict[str, Any]:
             "kv_usage": state.kv_usage,
         },
         "index": gateway.registry.index_mode(state.name),
+        "index_reason": gateway.registry.unindexable_reason(state.name),
         "events": pod.events,
         "subscriber": None,
     }

@@ -236,8 +236,16 @@ class _FleetCollector(Collector):
             "back (the cost model's queue)",
             labels=["pod"],
         )
+        unindexable = GaugeMetricFamily(
+            "kvgate_pod_unindexable",
+            "1 if the pod publishes KV events none of which can be indexed (every block breaks "
+            "its chain); routed from the gateway's own entries meanwhile",
+            labels=["pod"],
+        )
         for state in self.pods.all():
             healthy.add_metric([state.name], float(state.pod.ready and state.healthy))
+            unindexable.add_metric([state.name], float(self.pods.index_mode(state.name)
+                                                       == "unindexable"))  # fmt: skip
             load.add_metric([state.name, "running"], state.running)
             load.add_metric([state.name, "waiting"], state.waiting)
             load.add_metric([state.name, "kv_usage"], state.kv_usage)
@@ -247,6 +255,7 @@ class _FleetCollector(Collector):
             queued.add_metric([state.name], self.cost.outstanding(state.name)[0])
         yield healthy
         yield load
+        yield unindexable
         yield coefficients
         yield queued
 

@@ -13,6 +13,8 @@ from indexer import SyncPrefixHashTable
 from subscriber import PodEndpoint, PodSubscriberStatus, SubscriberManager
 
 logger = logging.getLogger(__name__)
+_UNINDEXABLE_AFTER_BLOCKS = 64
+"""Broken-chain blocks, with nothing indexed, after which a pod is called unindexable."""
 _MAX_CACHED_MODELS = 1024
 
 
@@ -55,6 +57,8 @@ class PodRegistry:
         self._subscribers = subscribers
         self._pods: dict[str, PodState] = {}
         self._serving: dict[str, list[PodState]] = {}
+        self._unindexable: dict[str, str] = {}
+        """Pods whose stored blocks all break their chains, with the reason shown."""
         """Per model, its pods (the request path asks for every request; reset on changes)."""
 
     # -- PodListener ----------------------------------------------------------------------
@@ -84,6 +88,7 @@ class PodRegistry:
         if self._pods.pop(name, None) is None:
             return
         self._serving.clear()
+        self._unindexable.pop(name, None)
         if self._subscribers is not None and name in self._subscribers.pods():
             await self._unsubscribe(name)
         self._table.remove_pod(name)
@@ -126,11 +131,35 @@ class PodRegistry:
         return self._subscribers.status(name) if self._subscribers is not None else None
 
     def index_mode(self, name: str) -> str:
-        """ "whole", "degraded" (events, but the index may miss blocks) or "approximate"."""
+        """ "whole", "degraded" (events, but the index may miss blocks), "unindexable"
+        (events, but none can be indexed: see `sync_index_modes`) or "approximate"."""
         status = self.subscriber_status(name)
         if status is None:
             return "approximate"
+        if name in self._unindexable:
+            return "unindexable"
         return "whole" if status.whole else "degraded"
+
+    def unindexable_reason(self, name: str) -> str | None:
+        return self._unindexable.get(name)
+
+    def _check_indexable(self, name: str) -> None:
+        """A pod whose every stored block breaks its chain (SGLang <= 0.4 publishes
+        unchained per-token hashes whose first parent is `hash(())`) has an empty index
+        however much it stores: say so once, and route it from router-side entries until
+        its blocks chain again."""
+        broken = self._table.rejected_blocks(name).get("broken_chain", 0)
+        held = self._table.held_blocks(name)
+        if name not in self._unindexable:
+            if _never_indexed(broken, held):
+                reason = (f"{broken} stored blocks broke their chains and none was indexed "
+                          "(unchained block hashes, e.g. SGLang <= 0.4)")  # fmt: skip
+                self._unindexable[name] = reason
+                logger.warning("pod %s is unindexable: %s; routing it from the gateway's "
+                               "own entries", name, reason)  # fmt: skip
+        elif held > 0:
+            del self._unindexable[name]
+            logger.info("pod %s: its blocks chain again; indexed from its events", name)
 
     def sync_index_modes(self) -> None:
         """Pods whose index is not whole keep router-side entries as long as event-less pods.
@@ -141,6 +170,7 @@ class PodRegistry:
         for state in self._pods.values():
             if not self._table.has_pod(state.name):
                 continue
+            self._check_indexable(state.name)
             whole = self.index_mode(state.name) == "whole"
             self._table.register_pod(
                 state.name,
@@ -148,6 +178,10 @@ class PodRegistry:
                 publishes_events=whole,
                 lora_names=state.pod.lora_ids,
             )
+
+
+def _never_indexed(broken: int, held: int) -> bool:
+    return held == 0 and broken >= _UNINDEXABLE_AFTER_BLOCKS
 
 
 async def _addresses_of(pod: Pod) -> tuple[str, ...]:

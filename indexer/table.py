@@ -239,6 +239,11 @@ class SyncPrefixHashTable:
         each with its best tier."""
         return pod_views.held_tiers(self._state(pod), engine_hashes)
 
+    def held_blocks(self, pod: str) -> int:
+        """Engine blocks (and partial blocks) the index holds for `pod`, all tiers."""
+        state = self._state(pod)
+        return sum(map(len, state.entries)) + sum(map(len, state.partials))
+
     def rejected_blocks(self, pod: str) -> dict[str, int]:
         """Blocks of this pod's BlockStored events not indexed, by reason (broken_chain...),
         since it was registered."""
