@@ -95,15 +95,16 @@ def _vllm_unavailable() -> str | None:
     return None
 
 
-def _command(model_dir: Path, http_port: int, pub_port: int, replay_port: int) -> list[str]:
+def _command(model_dir: Path, http_port: int, events: str, replay: str) -> list[str]:
     kv_events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        # vLLM binds its PUB socket only for a wildcard endpoint (any other address is
-        # connected to), so this one listens on all interfaces; everything connects to it
-        # over 127.0.0.1. The replay ROUTER always binds: it stays on loopback.
-        "endpoint": f"tcp://*:{pub_port}",
-        "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
+        # vLLM binds its PUB socket for a wildcard tcp endpoint or an ipc:// one (any other
+        # address is connected to). ipc:// keeps the events off every network interface:
+        # only processes that may open the socket file can subscribe. The replay ROUTER
+        # always binds.
+        "endpoint": events,
+        "replay_endpoint": replay,
         "topic": TOPIC,
     }
     return [
@@ -189,12 +190,13 @@ def vllm(
         pytest.skip(reason)
     workdir = tmp_path_factory.mktemp("vllm")
     model_dir = build_model_dir(workdir / "tiny-model")
-    http_port, pub_port, replay_port = free_ports(3)
+    (http_port,) = free_ports(1)
+    events, replay = f"ipc://{workdir}/kv-events.sock", f"ipc://{workdir}/kv-replay.sock"
     log_path = workdir / "vllm.log"
     log: IO[bytes] = log_path.open("wb")
     started = time.monotonic()
     process = subprocess.Popen(
-        _command(model_dir, http_port, pub_port, replay_port),
+        _command(model_dir, http_port, events, replay),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -208,13 +210,13 @@ def vllm(
         _wait_healthy(process, base_url, log_path)
         start_s = time.monotonic() - started
         e2e_report["vllm start (s)"] = round(start_s, 1)
-        recorder = RawEventRecorder(f"tcp://127.0.0.1:{pub_port}", TOPIC)
+        recorder = RawEventRecorder(events, TOPIC)
         recorder.start()
         engine = RealVllm(
             process=process,
             base_url=base_url,
-            events=f"tcp://127.0.0.1:{pub_port}",
-            replay=f"tcp://127.0.0.1:{replay_port}",
+            events=events,
+            replay=replay,
             log_path=log_path,
             recorder=recorder,
             timings={"start_s": start_s},
