@@ -43,6 +43,7 @@ class PodState:
         "epoch",
         "expected",
         "extra_refs",
+        "generation",
         "lora_names",
         "model",
         "name",
@@ -75,6 +76,8 @@ class PodState:
         self.size = 0
         self.rejected: dict[str, int] = {}
         self.epoch = 0
+        self.generation = 0
+        """Counts the events applied to the pod (see `SyncPrefixHashTable.pod_generation`)."""
         """Set by the table when the pod is registered or cleared, so that a caller that
         remembers it can tell the pod's blocks were all dropped since (a pin ledger)."""
 

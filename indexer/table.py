@@ -134,6 +134,7 @@ class SyncPrefixHashTable:
         state = self._state(pod)
         now = self._clock()
         self._evictor.tick(now)
+        state.generation += 1
         return self._ingest.stored(state, event, now)
 
     def apply_removed(
@@ -146,12 +147,14 @@ class SyncPrefixHashTable:
         """
         state = self._state(pod)
         self._evictor.tick(self._clock())
+        state.generation += 1
         return self._ingest.removed(state, block_hashes, medium)
 
     def apply_cleared(self, pod: str) -> None:
         """Apply AllBlocksCleared: the pod holds nothing any more (router-side entries too)."""
         state = self._state(pod)
         self._evictor.tick(self._clock())
+        state.generation += 1
         self._clear_state(state)
 
     # -- router-side entries --------------------------------------------------------------
@@ -238,6 +241,12 @@ class SyncPrefixHashTable:
         """Of these engine hashes, the ones the index believes `pod` holds in a real tier,
         each with its best tier."""
         return pod_views.held_tiers(self._state(pod), engine_hashes)
+
+    def pod_generation(self, pod: str) -> tuple[int, int]:
+        """Changes whenever the pod's indexed blocks may have changed (an event applied, a
+        clear, a new registration): a caller that remembers it can skip re-reading them."""
+        state = self._state(pod)
+        return (state.epoch, state.generation)
 
     def held_blocks(self, pod: str) -> int:
         """Engine blocks (and partial blocks) the index holds for `pod`, all tiers."""

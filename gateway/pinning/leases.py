@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,8 @@ class Lease:
     pod: str
     model: str
     context: ModelContext
-    tokens: list[int]
+    tokens: Sequence[int]
+    """The prompt's token ids, packed (4 bytes each: `packed_tokens`)."""
     gateway_hashes: list[int]
     """Full gateway blocks of `tokens`: the last one names the whole prefix (chained)."""
     ttl_s: float
@@ -44,6 +46,9 @@ class Lease:
     lost: bool = False
     """The engine dropped our pins (restart, clear, auto-unpin): a re-pin is a repin."""
     unsupported: bool = False
+    checked_at: tuple[int, int] | None = None
+    """The pod's index generation when this lease was last resolved against it: an
+    incomplete lease is resolved again only once the index changed."""
 
     @property
     def state(self) -> LeaseState:
@@ -65,6 +70,12 @@ class Lease:
             "ttl_s": self.ttl_s,
             "expires_in_s": round(max(0.0, self.expires_at - now), 3),
         }
+
+
+def packed_tokens(tokens: Iterable[int]) -> Sequence[int]:
+    """Token ids as 4-byte unsigned ints: a lease keeps its prompt for its whole life (to
+    resolve the pod's engine blocks, partial ones included), at a seventh of a list's size."""
+    return array("I", tokens)
 
 
 class LeaseBook:

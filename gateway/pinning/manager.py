@@ -27,7 +27,7 @@ from typing import Any
 from gateway.errors import BadRequest, GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.pinning.client import NoPinSupport, PinCallError, PinClient
-from gateway.pinning.leases import Lease, LeaseBook, Source
+from gateway.pinning.leases import Lease, LeaseBook, Source, packed_tokens
 from gateway.registry import PodRegistry
 from indexer import EngineHash, ModelContext, SyncPrefixHashTable, Tier, UnknownPodError
 
@@ -119,7 +119,7 @@ class PinManager:
             pod=pod,
             model=model,
             context=context,
-            tokens=list(tokens),
+            tokens=packed_tokens(tokens),
             gateway_hashes=self._table.prefix_hashes(tokens),
             ttl_s=ttl,
             expires_at=now + ttl,
@@ -214,7 +214,12 @@ class PinManager:
             async with self._lock:
                 ttl = self._ttl(ttl_s)
                 lease.ttl_s, lease.expires_at = ttl, self._clock() + ttl
-                lease.tokens, lease.gateway_hashes, lease.complete = list(tokens), hashes, False
+                lease.tokens, lease.gateway_hashes, lease.complete = (
+                    packed_tokens(tokens),
+                    hashes,
+                    False,
+                )
+                lease.checked_at = None
                 if session is not None and lease.session is None:
                     lease.session = session
                     self.book.add(lease)
@@ -225,7 +230,7 @@ class PinManager:
             # No pin support: keep a pin-less lease so that routing still keeps the session.
             if exc.code == "no_pin_support" and (lease is None or lease.pod != pod):
                 now, ttl = self._clock(), self._ttl(ttl_s)
-                stub = Lease(self.book.new_id(), pod, model, context, list(tokens), hashes,
+                stub = Lease(self.book.new_id(), pod, model, context, packed_tokens(tokens), hashes,
                              ttl, now + ttl, now, "request", session, unsupported=True)  # fmt: skip
                 self.book.add(stub)
             logger.info("session pin on %s refused: %s", pod, exc.message)
@@ -286,10 +291,14 @@ class PinManager:
         self.book.set_epoch(pod, epoch)
         if lost:
             await self._drop_pod_pins(pod)
+        generation = self._table.pod_generation(pod)
         for lease in self.book.on_pod(pod):
             if lease.complete or lease.unsupported:
                 self._update_tiers(lease)
                 continue
+            if lease.checked_at == generation and not lost:
+                continue  # nothing changed in the pod's index since it was last resolved
+            lease.checked_at = generation
             try:
                 await self._pin_lease(lease, strict=False)
             except GatewayError as exc:
@@ -383,7 +392,7 @@ class PinManager:
             return None
         return int(capacity * self.config.budget_fraction)
 
-    def _held_prefix(self, pod: str, context: ModelContext, tokens: list[int]) -> int:
+    def _held_prefix(self, pod: str, context: ModelContext, tokens: Sequence[int]) -> int:
         """Leading gateway blocks of `tokens` the pod holds in a real tier."""
         try:
             match = self._table.match(context, self._table.prefix_hashes(tokens), [pod])

@@ -89,3 +89,36 @@ async def test_leases_are_capped_and_their_ttl_bounded(start_gateway: StartGatew
     assert second.status_code == 409
     assert second.json()["error"]["code"] == "lease_cap"
     assert len(gw.state.pins.leases()) == 1
+
+
+async def test_a_pending_lease_is_resolved_again_only_when_the_index_changed(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(1, engine_overrides=SGLANG, pin_interval_s=30.0)  # by hand
+    pins, table = gw.state.pins, gw.state.table
+    await warm(gw)
+    answer = await admin(gw, "POST", "/admin/pin", {"model": MODEL, "messages": CONVERSATION})
+    assert answer.status_code == 200, answer.text
+    (lease,) = pins.leases()
+    assert lease.tokens.itemsize == 4  # type: ignore[attr-defined]  # packed, not a list
+
+    async def reconcile_as_pending() -> None:
+        lease.complete = False  # as a lease whose prompt is not all stored yet
+        await pins.reconcile()
+
+    await reconcile_as_pending()
+    checked = lease.checked_at
+    assert checked == table.pod_generation("e0")
+    await reconcile_as_pending()
+    await reconcile_as_pending()
+    assert lease.checked_at == checked  # nothing changed: not resolved again
+    assert lease.complete is False
+    other = [{"role": "user", "content": "something else entirely " * 10}]
+    async with gw.client() as client:  # new blocks on the pod: resolved at the next round
+        await client.post(
+            "/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": other}
+        )
+    await eventually(lambda: table.pod_generation("e0") != checked, what="index changed")
+    await reconcile_as_pending()
+    assert lease.checked_at is not None and lease.checked_at != checked
+    assert lease.complete is True  # resolved again: its blocks are all held
