@@ -134,7 +134,13 @@ async def _start(
         subscribers = await stack.enter_async_context(
             SubscriberManager(IndexSink(table), resume=restorer.resume)
         )
-    registry = PodRegistry(table=table, subscribers=subscribers)
+    registry = PodRegistry(
+        table=table,
+        subscribers=subscribers,
+        chat_tokenizer=settings.use_remote_tokenizer
+        and settings.tokenizer_endpoint is not None
+        and settings.tokenizer_engine == "vllm",
+    )
     writer = snapshot_writer(settings, table, subscribers, registry, restorer)
     if writer is not None:
         stack.push_async_callback(writer.close)  # the final snapshot, after background tasks
@@ -145,6 +151,7 @@ async def _start(
             max_retries=settings.tokenizer_max_retries,
             cache_size=settings.tokenizer_cache_size,
             endpoint=settings.tokenizer_endpoint,
+            endpoint_engine=settings.tokenizer_engine,
         )
         if settings.use_remote_tokenizer
         else None

@@ -52,8 +52,11 @@ class PodRegistry:
         *,
         table: SyncPrefixHashTable,
         subscribers: SubscriberManager | None,
+        chat_tokenizer: bool = False,
     ) -> None:
         self._table = table
+        self._chat_tokenizer = chat_tokenizer
+        """A tokenizer endpoint that applies chat templates is configured."""
         self._subscribers = subscribers
         self._pods: dict[str, PodState] = {}
         self._serving: dict[str, list[PodState]] = {}
@@ -68,6 +71,13 @@ class PodRegistry:
         if state is None:
             state = self._pods[pod.name] = PodState(pod)
             logger.info("pod %s added (%s, model %s)", pod.name, pod.url, pod.model)
+            if pod.engine == "sglang" and not self._chat_tokenizer:
+                logger.warning(
+                    "pod %s is an SGLang engine: its /tokenize takes text prompts only, so chat "
+                    "requests to model %s route on load alone unless a vLLM pod serves it too "
+                    "or AIBRIX_REMOTE_TOKENIZER_ENDPOINT names a vLLM tokenizer",
+                    pod.name, pod.model,
+                )  # fmt: skip
         else:
             state.pod = pod
         self._serving.clear()

@@ -238,8 +238,8 @@ class Router:
             if isinstance(what, list):
                 return what
             before = self._tokenizer.hits
-            urls = [s.pod.url for s in serving if s.pod.ready and s.healthy]
-            tokens = await self._tokenizer.tokenize(what, urls)
+            pods = [(s.pod.url, s.pod.engine) for s in serving if s.pod.ready and s.healthy]
+            tokens = await self._tokenizer.tokenize(what, pods)
             hit = self._tokenizer.hits > before
             self._metrics.tokenizer.labels("hit" if hit else "miss").inc()
             return tokens

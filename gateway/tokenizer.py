@@ -43,6 +43,9 @@ class TokenizeInput:
 
     body: Mapping[str, Any]
     key: str
+    chat: bool = False
+    """A chat prompt: only an engine that applies the model's chat template can tokenize
+    it (vLLM's /tokenize takes `messages`; SGLang's takes a `prompt` only)."""
 
     @classmethod
     def for_completion(cls, request: Mapping[str, Any]) -> TokenizeInput | list[int]:
@@ -62,7 +65,11 @@ class TokenizeInput:
     def for_chat(cls, request: Mapping[str, Any]) -> TokenizeInput:
         body: dict[str, Any] = {"model": request["model"], "messages": request["messages"]}
         body.update({k: request[k] for k in _CHAT_FIELDS if k in request})
-        return cls(body, _key(body))
+        return cls(body, _key(body), chat=True)
+
+
+def _applies_chat_template(engine: str) -> bool:
+    return engine != "sglang"
 
 
 def _key(body: Mapping[str, Any]) -> str:
@@ -72,8 +79,12 @@ def _key(body: Mapping[str, Any]) -> str:
 class RemoteTokenizer:
     """Calls an engine's /tokenize with a timeout and bounded retries, through an LRU cache.
 
-    `endpoint` fixes where to tokenize (AIBRIX_REMOTE_TOKENIZER_ENDPOINT); otherwise the
-    caller passes the URLs of pods serving the model, tried in order.
+    `endpoint` fixes where to tokenize (AIBRIX_REMOTE_TOKENIZER_ENDPOINT, an engine of kind
+    `endpoint_engine`: AIBRIX_REMOTE_TOKENIZER_ENGINE); otherwise the caller passes the pods
+    serving the model, as (URL, engine kind), tried in order. Both engines serve
+    `POST /tokenize` with `{"model", "prompt"}` (SGLang since 0.5; 0.4.x answers 404), but
+    only vLLM's takes `{"model", "messages"}` and applies the chat template: a chat prompt
+    is never sent to an SGLang engine.
     """
 
     def __init__(
@@ -84,27 +95,38 @@ class RemoteTokenizer:
         max_retries: int,
         cache_size: int,
         endpoint: str | None = None,
+        endpoint_engine: str = "vllm",
     ) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
         self._max_retries = max_retries
         self._cache_size = cache_size
         self._endpoint = endpoint
+        self._endpoint_engine = endpoint_engine
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self.hits = 0
         self.misses = 0
         self.failures = 0
 
-    async def tokenize(self, what: TokenizeInput, pod_urls: Sequence[str]) -> list[int]:
+    async def tokenize(self, what: TokenizeInput, pods: Sequence[tuple[str, str]]) -> list[int]:
+        """Token ids of `what`, from the configured endpoint or one of `pods` (URL, engine
+        kind) that can tokenize it."""
         cached = self._cache.get(what.key)
         if cached is not None:
             self._cache.move_to_end(what.key)
             self.hits += 1
             return cached
         self.misses += 1
-        urls = [self._endpoint] if self._endpoint else list(pod_urls)
+        targets = [(self._endpoint, self._endpoint_engine)] if self._endpoint else list(pods)
+        urls = [url for url, engine in targets if not what.chat or _applies_chat_template(engine)]
         if not urls:
             self.failures += 1
+            if targets:
+                raise TokenizerError(
+                    "SGLang cannot tokenize a chat prompt (its /tokenize takes a prompt only): "
+                    "set AIBRIX_REMOTE_TOKENIZER_ENDPOINT to a vLLM tokenizer of the model",
+                    retryable=False,
+                )
             raise TokenizerError("no endpoint to tokenize with")
         last_error = "no attempt"
         for attempt in range(self._max_retries + 1):

@@ -78,6 +78,11 @@ def create_app(engine: SimEngine) -> Starlette:
     async def tokenize(request: Request) -> Response:
         body = await read_json(request)
         check_model(engine, body)
+        if engine.config.flavor == "sglang" and "prompt" not in body:
+            # SGLang's TokenizeRequest has a `prompt` only: no `messages`, no chat template.
+            raise RequestError("prompt: Field required", param="prompt")
+        if engine.config.flavor == "sglang":
+            body = {key: value for key, value in body.items() if key != "messages"}
         tokens = prompt_tokens(engine, body, chat=False)
         strs = None
         if body.get("return_token_strs"):

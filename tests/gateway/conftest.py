@@ -78,6 +78,8 @@ async def start_gateway(start_engine: StartEngine, tmp_path: Path) -> AsyncItera
         servers = [
             await start_engine(name=f"e{i}", **(engine_overrides or {})) for i in range(engines)
         ]
+        if (engine_overrides or {}).get("flavor") == "sglang":
+            settings_overrides.setdefault("tokenizer_endpoint", await _chat_tokenizer())
         pods_file = tmp_path / "pods.json"
         entries = pods if pods is not None else [pod_entry(server) for server in servers]
         pods_file.write_text(json.dumps({"pods": entries}))
@@ -90,6 +92,12 @@ async def start_gateway(start_engine: StartEngine, tmp_path: Path) -> AsyncItera
         await server.start()
         gateways.append(server)
         return Gateway(server, app, pods_file, servers)
+
+    async def _chat_tokenizer() -> str:
+        """SGLang's /tokenize takes no chat messages: as deployed, a vLLM tokenizer of the
+        same model (here a vLLM-flavoured simulator, same tokenizer and template) tokenizes
+        chat prompts (AIBRIX_REMOTE_TOKENIZER_ENDPOINT)."""
+        return (await start_engine(name="tokenizer")).url
 
     yield start
     for server in reversed(gateways):

@@ -67,6 +67,11 @@ def completion_input(prompt: Any, **extra: Any) -> TokenizeInput:
     return what
 
 
+def vllm(*urls: str) -> list[tuple[str, str]]:
+    """Pods (URL, engine kind) of vLLM engines."""
+    return [(url, "vllm") for url in urls]
+
+
 async def engine_tokenize(
     client: Http1Pool, server: EngineServer, body: dict[str, Any]
 ) -> list[int]:
@@ -96,7 +101,7 @@ async def test_a_prompt_tokenizes_as_the_engine_does(
     engine: EngineServer, client: Http1Pool
 ) -> None:
     tokenizer = make(client)
-    ids = await tokenizer.tokenize(completion_input(PROMPT), [engine.url])
+    ids = await tokenizer.tokenize(completion_input(PROMPT), vllm(engine.url))
     assert ids == await engine_tokenize(client, engine, {"prompt": PROMPT})
     block = engine.engine.config.block_size
     assert len(ids) >= 2 * block
@@ -116,7 +121,7 @@ async def test_chat_messages_tokenize_as_the_engine_does(
     tokenizer = make(client)
     what = TokenizeInput.for_chat({"model": MODEL, "messages": MESSAGES, "temperature": 0.5})
     assert "temperature" not in what.body  # only fields that change the tokens
-    ids = await tokenizer.tokenize(what, [engine.url])
+    ids = await tokenizer.tokenize(what, vllm(engine.url))
     assert ids == await engine_tokenize(client, engine, {"messages": MESSAGES})
     usage = await generate(client, engine, "/v1/chat/completions", {"messages": MESSAGES})
     assert usage["prompt_tokens"] == len(ids)
@@ -126,7 +131,7 @@ async def test_chat_messages_tokenize_as_the_engine_does(
         {"model": MODEL, "messages": MESSAGES, "add_generation_prompt": False}
     )
     assert bare.key != what.key
-    bare_ids = await tokenizer.tokenize(bare, [engine.url])
+    bare_ids = await tokenizer.tokenize(bare, vllm(engine.url))
     assert bare_ids == await engine_tokenize(
         client, engine, {"messages": MESSAGES, "add_generation_prompt": False}
     )
@@ -140,11 +145,11 @@ async def test_add_special_tokens_is_passed_to_the_engine(
     tokenizer = make(client)
     plain = completion_input(PROMPT, add_special_tokens=False)
     assert plain.body["add_special_tokens"] is False
-    ids = await tokenizer.tokenize(plain, [engine.url])
+    ids = await tokenizer.tokenize(plain, vllm(engine.url))
     assert ids == await engine_tokenize(
         client, engine, {"prompt": PROMPT, "add_special_tokens": False}
     )
-    default = await tokenizer.tokenize(completion_input(PROMPT), [engine.url])
+    default = await tokenizer.tokenize(completion_input(PROMPT), vllm(engine.url))
     assert default != ids
 
 
@@ -152,16 +157,16 @@ async def test_a_repeat_is_answered_from_the_cache(
     engine: EngineServer, client: Http1Pool, sent: Recorder
 ) -> None:
     tokenizer = make(client)
-    first = await tokenizer.tokenize(completion_input(PROMPT), [engine.url])
+    first = await tokenizer.tokenize(completion_input(PROMPT), vllm(engine.url))
     assert (tokenizer.hits, tokenizer.misses, len(sent.urls)) == (0, 1, 1)
     # Same content, keys in another order: the same cache entry.
     again = TokenizeInput.for_completion({"prompt": PROMPT, "model": MODEL})
     assert isinstance(again, TokenizeInput)
-    assert await tokenizer.tokenize(again, [engine.url]) == first
+    assert await tokenizer.tokenize(again, vllm(engine.url)) == first
     assert (tokenizer.hits, tokenizer.misses, len(sent.urls)) == (1, 1, 1)
     # Chat and completion inputs never share an entry.
     chat = TokenizeInput.for_chat({"model": MODEL, "messages": MESSAGES})
-    await tokenizer.tokenize(chat, [engine.url])
+    await tokenizer.tokenize(chat, vllm(engine.url))
     assert (tokenizer.hits, tokenizer.misses, len(sent.urls)) == (1, 2, 2)
     # Another model's prompt is another key.
     other = TokenizeInput.for_completion({"model": "other", "prompt": PROMPT})
@@ -174,15 +179,15 @@ async def test_the_cache_is_a_bounded_lru(
     tokenizer = make(client, cache_size=2)
     a, b, c = (completion_input(f"prompt number {n}") for n in ("one", "two", "three"))
     urls = [engine.url]
-    await tokenizer.tokenize(a, urls)
-    await tokenizer.tokenize(b, urls)
-    await tokenizer.tokenize(a, urls)  # hit: a is now the most recently used
-    await tokenizer.tokenize(c, urls)  # evicts b, the least recently used
+    await tokenizer.tokenize(a, vllm(*urls))
+    await tokenizer.tokenize(b, vllm(*urls))
+    await tokenizer.tokenize(a, vllm(*urls))  # hit: a is now the most recently used
+    await tokenizer.tokenize(c, vllm(*urls))  # evicts b, the least recently used
     assert (tokenizer.hits, tokenizer.misses) == (1, 3)
-    await tokenizer.tokenize(a, urls)
-    await tokenizer.tokenize(c, urls)
+    await tokenizer.tokenize(a, vllm(*urls))
+    await tokenizer.tokenize(c, vllm(*urls))
     assert (tokenizer.hits, tokenizer.misses) == (3, 3)
-    await tokenizer.tokenize(b, urls)  # was evicted: asked again
+    await tokenizer.tokenize(b, vllm(*urls))  # was evicted: asked again
     assert (tokenizer.hits, tokenizer.misses) == (3, 4)
     assert len(sent.urls) == 4
 
@@ -192,7 +197,7 @@ async def test_a_zero_size_cache_caches_nothing(
 ) -> None:
     tokenizer = make(client, cache_size=0)
     for _ in range(3):
-        await tokenizer.tokenize(completion_input(PROMPT), [engine.url])
+        await tokenizer.tokenize(completion_input(PROMPT), vllm(engine.url))
     assert (tokenizer.hits, tokenizer.misses, len(sent.urls)) == (0, 3, 3)
 
 
@@ -200,13 +205,13 @@ async def test_a_dead_url_is_retried_then_fails(client: Http1Pool, sent: Recorde
     dead = f"http://127.0.0.1:{free_port()}"
     tokenizer = make(client, max_retries=2)
     with pytest.raises(TokenizerError) as caught:
-        await tokenizer.tokenize(completion_input(PROMPT), [dead])
+        await tokenizer.tokenize(completion_input(PROMPT), vllm(dead))
     assert f"{dead}/tokenize failed" in str(caught.value)
     assert sent.urls == [f"{dead}/tokenize"] * 3  # one try and two retries
     assert (tokenizer.hits, tokenizer.misses, tokenizer.failures) == (0, 1, 1)
     # Failures are not cached: the next call tries again.
     with pytest.raises(TokenizerError):
-        await tokenizer.tokenize(completion_input(PROMPT), [dead])
+        await tokenizer.tokenize(completion_input(PROMPT), vllm(dead))
     assert len(sent.urls) == 6
     assert tokenizer.failures == 2
 
@@ -214,7 +219,7 @@ async def test_a_dead_url_is_retried_then_fails(client: Http1Pool, sent: Recorde
 async def test_no_retries_means_one_try(client: Http1Pool, sent: Recorder) -> None:
     tokenizer = make(client, max_retries=0)
     with pytest.raises(TokenizerError):
-        await tokenizer.tokenize(completion_input(PROMPT), [f"http://127.0.0.1:{free_port()}"])
+        await tokenizer.tokenize(completion_input(PROMPT), vllm(f"http://127.0.0.1:{free_port()}"))
     assert len(sent.urls) == 1
 
 
@@ -223,7 +228,7 @@ async def test_a_retry_goes_to_the_next_pod(
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     tokenizer = make(client, max_retries=1)
-    ids = await tokenizer.tokenize(completion_input(PROMPT), [dead, engine.url])
+    ids = await tokenizer.tokenize(completion_input(PROMPT), vllm(dead, engine.url))
     assert ids == await engine_tokenize(client, engine, {"prompt": PROMPT})
     assert sent.urls[:2] == [f"{dead}/tokenize", f"{engine.url}/tokenize"]
     assert tokenizer.failures == 0
@@ -234,7 +239,7 @@ async def test_a_fixed_endpoint_overrides_the_pods(
 ) -> None:
     tokenizer = make(client, endpoint=engine.url)
     dead = f"http://127.0.0.1:{free_port()}"
-    ids = await tokenizer.tokenize(completion_input(PROMPT), [dead])
+    ids = await tokenizer.tokenize(completion_input(PROMPT), vllm(dead))
     assert ids
     assert sent.urls == [f"{engine.url}/tokenize"]
     assert await make(client, endpoint=engine.url).tokenize(completion_input(PROMPT), []) == ids
@@ -255,10 +260,10 @@ async def test_an_engine_error_is_a_tokenizer_error(
     wrong = TokenizeInput.for_completion({"model": "not-served", "prompt": PROMPT})
     assert isinstance(wrong, TokenizeInput)
     with pytest.raises(TokenizerError, match="answered 404"):
-        await tokenizer.tokenize(wrong, [engine.url])
+        await tokenizer.tokenize(wrong, vllm(engine.url))
     # A server that is not an engine: 404 on /tokenize as well.
     with pytest.raises(TokenizerError, match="answered 404"):
-        await tokenizer.tokenize(completion_input(PROMPT), [f"{engine.url}/elsewhere"])
+        await tokenizer.tokenize(completion_input(PROMPT), vllm(f"{engine.url}/elsewhere"))
 
 
 async def test_a_silent_server_times_out(client: Http1Pool, sent: Recorder) -> None:
@@ -272,7 +277,7 @@ async def test_a_silent_server_times_out(client: Http1Pool, sent: Recorder) -> N
     try:
         tokenizer = make(client, timeout_s=0.2, max_retries=1)
         with pytest.raises(TokenizerError, match=r"timed out after 0\.2 s"):
-            await tokenizer.tokenize(completion_input(PROMPT), [f"http://127.0.0.1:{port}"])
+            await tokenizer.tokenize(completion_input(PROMPT), vllm(f"http://127.0.0.1:{port}"))
         assert len(sent.urls) == 2
     finally:
         for writer in accepted:
