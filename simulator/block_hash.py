@@ -15,6 +15,8 @@ import hashlib
 from array import array
 from collections.abc import Sequence
 
+from simulator import cbor
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -34,7 +36,8 @@ def to_unsigned64(value: int) -> int:
 
 
 class BlockHasher:
-    """Computes the chained digests of the full blocks of a token sequence."""
+    """Computes the chained digests of the full blocks of a token sequence (the simulator's
+    own scheme, `--block-hash sim`)."""
 
     __slots__ = ("block_size", "root")
 
@@ -61,3 +64,45 @@ class BlockHasher:
         """The digest of one block given its parent's digest (None = the root)."""
         previous = self.root if parent is None else parent
         return hashlib.sha256(previous + array("I", tokens).tobytes()).digest()
+
+
+class VllmBlockHasher(BlockHasher):
+    """vLLM v1's block hash with `--prefix-caching-hash-algo sha256_cbor`:
+
+        digest_i = sha256(cbor((digest_{i-1}, tuple(tokens of block i), extra_keys)))
+
+    with `extra_keys` None (no LoRA, no multimodal input, no cache salt) and the first
+    parent NONE_HASH = sha256(cbor(PYTHONHASHSEED)), the seed as the text vLLM reads from
+    the environment (`--block-hash sha256_cbor --hash-seed N` models PYTHONHASHSEED=N): a
+    router that recomputes vLLM's hashes from the prompt follows these events.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, block_size: int, seed: int = 0) -> None:
+        super().__init__(block_size, seed)
+        self.root = _sha256_cbor(str(seed))
+
+    def chain(
+        self, token_ids: Sequence[int], *, parent: bytes | None = None, start_block: int = 0
+    ) -> list[bytes]:
+        size = self.block_size
+        previous = self.root if parent is None else parent
+        digests: list[bytes] = []
+        for index in range(start_block, len(token_ids) // size):
+            block = tuple(token_ids[index * size : (index + 1) * size])
+            previous = _sha256_cbor((previous, block, None))
+            digests.append(previous)
+        return digests
+
+    def digest(self, parent: bytes | None, tokens: Sequence[int]) -> bytes:
+        previous = self.root if parent is None else parent
+        return _sha256_cbor((previous, tuple(tokens), None))
+
+
+BLOCK_HASHES = {"sim": BlockHasher, "sha256_cbor": VllmBlockHasher}
+"""`--block-hash` schemes by name."""
+
+
+def _sha256_cbor(value: object) -> bytes:
+    return hashlib.sha256(cbor.dumps(value)).digest()

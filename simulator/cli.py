@@ -40,6 +40,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--topic", default=_DEFAULTS.topic, help="PUB topic")
     add("--event-encoding", choices=["map", "array"], default=_DEFAULTS.event_encoding)
     add("--hash-format", choices=["int", "bytes"], default=_DEFAULTS.hash_format)
+    add(
+        "--block-hash",
+        choices=["sim", "sha256_cbor"],
+        default=_DEFAULTS.block_hash,
+        help="block hash scheme: the simulator's own, or vLLM's sha256_cbor (first parent "
+        "from PYTHONHASHSEED = --hash-seed), which routers recomputing vLLM's hashes follow",
+    )
     add("--flavor", choices=["vllm", "sglang"], default=_DEFAULTS.flavor)
     add("--max-batch", type=int, default=_DEFAULTS.max_batch, help="max running requests")
     add(
@@ -105,6 +112,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         default_max_tokens=args.default_max_tokens,
         seed=args.seed,
         hash_seed=args.hash_seed,
+        block_hash=args.block_hash,
         latency=latency,
     )
 

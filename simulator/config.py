@@ -36,6 +36,9 @@ class SimConfig:
     default_max_tokens: int = 16
     seed: int = 0
     hash_seed: int = 0
+    block_hash: str = "sim"
+    """How block hashes are computed: `sim` (the simulator's own) or `sha256_cbor` (vLLM's,
+    with PYTHONHASHSEED = `hash_seed`)."""
     latency: LatencyModel = field(default_factory=LatencyModel)
 
     def __post_init__(self) -> None:
@@ -57,6 +60,8 @@ class SimConfig:
             raise ValueError(f"invalid event_encoding: {self.event_encoding!r}")
         if self.hash_format not in ("int", "bytes"):
             raise ValueError(f"invalid hash_format: {self.hash_format!r}")
+        if self.block_hash not in ("sim", "sha256_cbor"):
+            raise ValueError(f"invalid block_hash: {self.block_hash!r}")
         if self.flavor not in ("vllm", "sglang"):
             raise ValueError(f"invalid flavor: {self.flavor!r}")
 

@@ -147,6 +147,7 @@ class DiskTier:
         body = {
             "block_size": self._hasher.block_size,
             "hash_seed": self._hash_seed,
+            "block_hash": type(self._hasher).__name__,
             "clean_shutdown": clean,
             "entries": [[d, p] for d, p in self._index.items()],
         }
@@ -168,6 +169,7 @@ class DiskTier:
             same_config = (
                 body.get("block_size") == self._hasher.block_size
                 and body.get("hash_seed") == self._hash_seed
+                and body.get("block_hash", "BlockHasher") == type(self._hasher).__name__
             )
             if same_config:
                 index = {bytes(d): (bytes(p) if p else None) for d, p in body["entries"]}

@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq.asyncio
 
-from simulator.block_hash import BlockHasher
+from simulator.block_hash import BLOCK_HASHES
 from simulator.cache import PagedPrefixCache
 from simulator.cache_types import Tier
 from simulator.chat_template import ChatTemplate
@@ -57,7 +57,7 @@ class SimEngine:
         self.rng = rng if rng is not None else random.Random(config.seed)
         self.tokenizer = SimTokenizer()
         self.template = ChatTemplate(self.tokenizer)
-        self.hasher = BlockHasher(config.block_size, config.hash_seed)
+        self.hasher = BLOCK_HASHES[config.block_hash](config.block_size, config.hash_seed)
         self.codec = HashCodec(config.hash_format, config.flavor)
         self.encoder = EventEncoder(config.event_encoding, config.flavor)
         self.events = EventCollector(self.codec, config.block_size, wall_clock)
