@@ -45,6 +45,7 @@ FEATURES = ("base", "prefill_tokens", "queued_requests", "decoding")
 _TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
 _SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 _MAX_PODS = 4096
+_MAX_TRACE_FACTOR = 10.0
 
 # Prior, in seconds per feature unit: 20 ms overhead, 111 µs per prompt token to prefill,
 # 20 ms per ten queued requests, 5 ms per ten decoding sequences (SIM-CALIBRATION:
@@ -99,15 +100,21 @@ class Prediction(NamedTuple):
 class TtftModel:
     """One pod's (or the fleet's) linear TTFT model, fitted by weighted RLS."""
 
-    __slots__ = ("_p", "_params", "observations", "residual_scale", "theta")
+    __slots__ = ("_max_trace", "_p", "_params", "observations", "residual_scale", "theta")
 
     def __init__(self, params: CostParams, theta: Iterable[float] | None = None) -> None:
         self._params = params
         self.theta = list(theta if theta is not None else params.prior)
         n = len(self.theta)
         self._p = [[params.prior_strength if i == j else 0.0 for j in range(n)] for i in range(n)]
+        self._max_trace = _MAX_TRACE_FACTOR * n * params.prior_strength
         self.residual_scale = 0.0
         self.observations = 0
+
+    @property
+    def covariance_trace(self) -> float:
+        """How far one answer may still move the model (the RLS covariance's trace)."""
+        return sum(self._p[i][i] for i in range(len(self._p)))
 
     def predict(self, x: tuple[float, ...]) -> float:
         t = self.theta
@@ -138,6 +145,14 @@ class TtftModel:
             row = p[i]
             for j in range(n):
                 row[j] = (row[j] - gi * px[j]) / lam
+        # Forgetting inflates the covariance along directions the traffic does not vary
+        # (windup); one unusual request would then swing the model. Keep its trace bounded.
+        trace = sum(p[i][i] for i in range(n))
+        if trace > self._max_trace:
+            shrink = self._max_trace / trace
+            for row in p:
+                for j in range(n):
+                    row[j] *= shrink
         # The scale follows |residual| within the bound; an outlier only widens it by 5 %, so
         # rare stalls cannot inflate it, while a lasting change widens it within ~20 answers.
         if abs(residual) <= bound:

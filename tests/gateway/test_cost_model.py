@@ -194,3 +194,17 @@ def test_a_scrape_noted_when_it_arrives_adds_no_phantom_queue() -> None:
     assert seen.decoding == 2.0  # ours, not another replica's
     for ticket in tickets:
         cost.finish(ticket)
+
+
+def test_a_long_quiet_spell_does_not_wind_the_model_up() -> None:
+    """Thousands of answers that never vary some features (no queue, nothing decoding):
+    forgetting inflates the covariance along them (windup) unless it is bounded, and one
+    unusual request would then swing the model."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    start = cost.model("p").covariance_trace
+    rng = random.Random(3)
+    for _ in range(3000):
+        tokens = rng.randrange(500, 600)
+        serve(cost, clock, "p", tokens, 0.004 + 0.02 * tokens / 1000)
+    assert cost.model("p").covariance_trace <= 10 * start + 1e-9
