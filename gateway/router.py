@@ -166,7 +166,12 @@ class Router:
         if routed.ticket is not None:
             self.cost.finish(routed.ticket)
         prediction = predict_all(self.cost, self._block_size, routed.request, [state])[state.name]
-        routed.ticket = self.cost.start(prediction, streamed=routed.request.streamed)
+        routed.ticket = self.cost.start(
+            prediction,
+            streamed=routed.request.streamed,
+            # only a tokenized prompt's prediction knows its cached share: learn from those
+            learn=routed.request.prompt_blocks > 0,
+        )
         slo = routed.request.slo_ttft_s
         if slo is not None:
             met = prediction.ttft_s <= slo

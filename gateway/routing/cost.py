@@ -187,6 +187,8 @@ class Ticket:
     prediction: Prediction
     started: float
     streamed: bool
+    learn: bool = True
+    """Its observed TTFT may train the model (the prompt was tokenized: features known)."""
     phase: str = "prefill"
     """prefill → decode → done."""
 
@@ -267,10 +269,11 @@ class CostModel:
 
     # -- a request's life -----------------------------------------------------------------
 
-    def start(self, prediction: Prediction, *, streamed: bool) -> Ticket:
-        """The request goes to `prediction.pod` now: its prefill joins that pod's queue."""
+    def start(self, prediction: Prediction, *, streamed: bool, learn: bool = True) -> Ticket:
+        """The request goes to `prediction.pod` now: its prefill joins that pod's queue.
+        `learn`: its observed TTFT may train the pod's model (its features were known)."""
         work = self._work(prediction.pod)
-        ticket = Ticket(prediction.pod, prediction, self._clock(), streamed)
+        ticket = Ticket(prediction.pod, prediction, self._clock(), streamed, learn)
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
@@ -282,7 +285,7 @@ class CostModel:
 
     def first_byte(self, ticket: Ticket) -> float | None:
         """The pod answered: its prefill is done. Returns the observed TTFT (s) when it is
-        one (a streamed answer), after learning from it."""
+        one (a streamed answer), after learning from it (when its features were known)."""
         if ticket.phase != "prefill":
             return None
         work = self._pods.get(ticket.pod)
@@ -293,10 +296,11 @@ class CostModel:
         if not ticket.streamed:
             return None
         observed = self._clock() - ticket.started
-        x = ticket.prediction.features()
-        if work is not None:
-            work.model.learn(x, observed)
-        self.fleet.learn(x, observed)
+        if ticket.learn:
+            x = ticket.prediction.features()
+            if work is not None:
+                work.model.learn(x, observed)
+            self.fleet.learn(x, observed)
         return observed
 
     def finish(self, ticket: Ticket) -> None:

@@ -208,3 +208,13 @@ def test_a_long_quiet_spell_does_not_wind_the_model_up() -> None:
         tokens = rng.randrange(500, 600)
         serve(cost, clock, "p", tokens, 0.004 + 0.02 * tokens / 1000)
     assert cost.model("p").covariance_trace <= 10 * start + 1e-9
+
+
+def test_an_untokenized_request_does_not_train_the_model() -> None:
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    ticket = cost.start(cost.predict("p", 5000, 0.0), streamed=True, learn=False)
+    clock.now += 0.5
+    assert cost.first_byte(ticket) == pytest.approx(0.5)  # still observed (SLO counters)
+    cost.finish(ticket)
+    assert cost.model("p").observations == 0 and cost.outstanding("p") == (0.0, 0, 0)
