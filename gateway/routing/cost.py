@@ -215,10 +215,13 @@ class CostModel:
         scraped_at: float | None = None,
         running: float = 0.0,
         waiting: float = 0.0,
+        pod_weight: float = 1.0,
     ) -> Prediction:
         """Predicted TTFT of a new request on `pod` given how much of its prompt the pod
         holds (`cached_tokens`, already weighted by tier load cost), and the engine's own
-        running and waiting counts at its last scrape (every gateway replica's requests)."""
+        running and waiting counts at its last scrape (every gateway replica's requests).
+        `pod_weight` < 1 blends the pod's learned coefficients with the fleet's: estimation
+        noise alone then cannot make one of two identical pods look faster for long."""
         work = self._work(pod)
         now = self._clock()
         if work.unobserved:
@@ -240,6 +243,11 @@ class CostModel:
                 decoding += others - others_waiting
         own = max(0.0, prompt_tokens - cached_tokens)
         theta = work.model.theta
+        if pod_weight < 1.0:  # shrink the pod's own estimate toward the fleet's
+            fleet = self.fleet.theta
+            theta = [
+                pod_weight * a + (1.0 - pod_weight) * b for a, b in zip(theta, fleet, strict=True)
+            ]
         ttft = (
             theta[0]
             + theta[1] * (own + queued) / _TOKEN_UNIT
