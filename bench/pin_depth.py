@@ -123,12 +123,15 @@ async def _tokenize(client: httpx.AsyncClient, url: str, model: str, chat: Any) 
     return tokens
 
 
-async def plan_flood(plan: Plan, client: httpx.AsyncClient, engine: EngineEndpoint) -> FloodPlan:
-    """The seed's rule, with both of its numbers measured on the engine."""
+async def plan_flood(
+    plan: Plan, client: httpx.AsyncClient, engine: EngineEndpoint, tokenizer: str
+) -> FloodPlan:
+    """The seed's rule, with both of its numbers measured: the capacity on the engine, the
+    prompts' tokens at `tokenizer` (SGLang's /tokenize applies no chat template)."""
     capacity = await _capacity_tokens(client, engine.url)
     probe = FloodTraffic(plan.workload, PROBE_SESSIONS)
     prompts = [
-        await _tokenize(client, engine.url, engine.model, probe.request(j))
+        await _tokenize(client, tokenizer, engine.model, probe.request(j))
         for j in range(probe.capacity)
     ]
     unique = (trie_tokens(prompts) + len(prompts) * plan.flood_osl) / len(prompts)
@@ -137,9 +140,10 @@ async def plan_flood(plan: Plan, client: httpx.AsyncClient, engine: EngineEndpoi
     return FloodPlan(capacity, unique, requests, FloodTraffic(plan.workload, sessions))
 
 
-async def _start_gateway(pods_file: Path) -> GatewayServer:
+async def _start_gateway(pods_file: Path, tokenizer: str) -> GatewayServer:
+    # SGLang engines tokenize no chat messages: a vLLM tokenizer of the model does.
     settings = Settings(pods_file=pods_file, admin_token=ADMIN_TOKEN, pin_interval_s=0.2,
-                        drain_timeout_s=2.0)  # fmt: skip
+                        drain_timeout_s=2.0, tokenizer_endpoint=tokenizer)  # fmt: skip
     server = GatewayServer(create_app(settings), drain_timeout_s=2)
     await server.start()
     return server
@@ -224,9 +228,10 @@ async def run_phase(
     vip: VipConversation,
     flood: FloodPlan,
     workdir: Path,
+    tokenizer: str,
 ) -> dict[str, Any]:
     pods_file = write_pods_file(workdir / f"pods-{phase}-{depth}.json", [engine])
-    gateway = await _start_gateway(pods_file)
+    gateway = await _start_gateway(pods_file, tokenizer)
     admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     try:
         async with httpx.AsyncClient(timeout=120) as client:
@@ -281,27 +286,36 @@ async def run_sweep(plan: Plan, workdir: Path) -> tuple[list[dict[str, Any]], Fl
     rng = random.Random(plan.seed)
     rows: list[dict[str, Any]] = []
     flood: FloodPlan | None = None
-    for depth in plan.depths:
-        fleet = _SglangFleet(spec, workdir / "engines.log", plan.block_size)
-        await fleet.start(rng)
-        try:
-            baseline_engine, pinned_engine = fleet.endpoints
-            if flood is None:
-                async with httpx.AsyncClient(timeout=30) as client:
-                    flood = await plan_flood(plan, client, baseline_engine)
-                print(
-                    f"flood: capacity {flood.capacity_tokens:,} tokens, "
-                    f"{flood.unique_tokens_per_request:.0f} unique tokens per request -> "
-                    f"{flood.requests} requests per depth ({plan.cycles:g}× the cache)",
-                    flush=True,
-                )
-            for phase, engine in (("baseline", baseline_engine), ("pinned", pinned_engine)):
-                row = await run_phase(plan, phase, depth, engine, vip, flood, workdir)
-                rows.append(row)
-                print(f"depth {depth:>2} {phase:<8} TTFT {row['ttft_ms']:8.1f} ms  "
-                      f"cached {row['cached_pct']:5.1f}%", flush=True)  # fmt: skip
-        finally:
-            await fleet.stop()
+    # SGLang's /tokenize applies no chat template: a vLLM tokenizer of the model does, for
+    # the flood plan and for the gateway (AIBRIX_REMOTE_TOKENIZER_ENDPOINT), as deployed.
+    tokenizer_fleet = SimFleet(replace(spec, engines=1), workdir / "tokenizer.log")
+    await tokenizer_fleet.start(rng)
+    tokenizer = tokenizer_fleet.endpoints[0].url
+    try:
+        for depth in plan.depths:
+            fleet = _SglangFleet(spec, workdir / "engines.log", plan.block_size)
+            await fleet.start(rng)
+            try:
+                baseline_engine, pinned_engine = fleet.endpoints
+                if flood is None:
+                    async with httpx.AsyncClient(timeout=30) as client:
+                        flood = await plan_flood(plan, client, baseline_engine, tokenizer)
+                    print(
+                        f"flood: capacity {flood.capacity_tokens:,} tokens, "
+                        f"{flood.unique_tokens_per_request:.0f} unique tokens per request -> "
+                        f"{flood.requests} requests per depth ({plan.cycles:g}× the cache)",
+                        flush=True,
+                    )
+                for phase, engine in (("baseline", baseline_engine), ("pinned", pinned_engine)):
+                    row = await run_phase(plan, phase, depth, engine, vip, flood, workdir,
+                                          tokenizer)  # fmt: skip
+                    rows.append(row)
+                    print(f"depth {depth:>2} {phase:<8} TTFT {row['ttft_ms']:8.1f} ms  "
+                          f"cached {row['cached_pct']:5.1f}%", flush=True)  # fmt: skip
+            finally:
+                await fleet.stop()
+    finally:
+        await tokenizer_fleet.stop()
     assert flood is not None
     return rows, flood
 
