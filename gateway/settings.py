@@ -236,6 +236,11 @@ class Settings:
             "KVGATE_PIN_BUDGET_FRACTION", _fraction, 0.5, "a number in (0, 1]"
         )
         values["index"] = IndexConfig.from_env(env)
+        if (
+            values["pin_default_ttl_s"] > values["pin_max_ttl_s"]
+            and not env.get("KVGATE_PIN_DEFAULT_TTL", "").strip()
+        ):
+            values["pin_default_ttl_s"] = values["pin_max_ttl_s"]  # a lower maximum caps it
         settings = cls(**values)
         if overrides:
             given = {key: value for key, value in overrides.items() if value is not None}

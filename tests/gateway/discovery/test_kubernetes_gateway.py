@@ -145,7 +145,11 @@ async def test_labelled_pods_are_subscribed_and_routed_until_unlabelled_or_delet
     body = {"model": MODEL, "messages": [{"role": "user", "content": "anyone?"}]}
     assert (await client.post("/v1/chat/completions", json=body)).status_code >= 500
     kube_api.update(NAMESPACE, "e1", set_ready(True))
-    await eventually(lambda: _subscribed(client, "e1"), what="e1 ready again")
+
+    async def ready_again() -> bool:  # it stayed subscribed while not ready: wait for Ready
+        return (await pods(client))["e1"]["ready"] is True
+
+    await eventually(ready_again, what="e1 ready again")
     assert await routed(client, 3) == {"e1"}
 
     metrics = (await client.get("/metrics")).text
