@@ -64,6 +64,11 @@ class CostParams:
     cpu_load_fraction: float = 0.05
     """A CPU-tier block costs this share of a block's prefill to load back."""
     storage_load_fraction: float = 0.2
+    evidence_prior: float = 4.0
+    """A pod's own model counts for e / (e + this) of its prediction, e = its recent answers
+    (the fleet's model for the rest)."""
+    evidence_half_life_s: float = 30.0
+    """How fast that evidence fades when the pod gets no answers."""
     prior: tuple[float, float, float, float] = DEFAULT_PRIOR
 
 
@@ -170,6 +175,9 @@ class _PodWork:
     prefill_tokens: float = 0.0
     prefilling: int = 0
     decoding: int = 0
+    evidence: float = 0.0
+    evidence_at: float = 0.0
+    """Recent answers the pod's model learned from, decaying with time (see `predict`)."""
     mean_tokens: float = 0.0
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
     at_scrape: tuple[float | None, int, int] = (None, 0, 0)
@@ -242,12 +250,14 @@ class CostModel:
                 queued_requests += others_waiting
                 decoding += others - others_waiting
         own = max(0.0, prompt_tokens - cached_tokens)
+        # Trust the pod's own model as far as it has recent evidence: a pod the picker stopped
+        # choosing (one unlucky early answer made it look slow) drifts back to the fleet's
+        # model, gets a request again and is measured again, rather than starving for good.
+        weight = pod_weight * self._trust(work, now)
         theta = work.model.theta
-        if pod_weight < 1.0:  # shrink the pod's own estimate toward the fleet's
+        if weight < 1.0:
             fleet = self.fleet.theta
-            theta = [
-                pod_weight * a + (1.0 - pod_weight) * b for a, b in zip(theta, fleet, strict=True)
-            ]
+            theta = [weight * a + (1.0 - weight) * b for a, b in zip(theta, fleet, strict=True)]
         ttft = (
             theta[0]
             + theta[1] * (own + queued) / _TOKEN_UNIT
@@ -308,6 +318,9 @@ class CostModel:
             x = ticket.prediction.features()
             if work is not None:
                 work.model.learn(x, observed)
+                now = self._clock()
+                decay = _halved(now - work.evidence_at, self.params.evidence_half_life_s)
+                work.evidence, work.evidence_at = work.evidence * decay + 1.0, now
             self.fleet.learn(x, observed)
         return observed
 
@@ -353,6 +366,14 @@ class CostModel:
             work = self._pods[pod] = _PodWork(TtftModel(self.params, self.fleet.theta))
         return work
 
+    def _trust(self, work: _PodWork, now: float) -> float:
+        """Weight of the pod's own model: its recent evidence e over e + `evidence_prior`."""
+        params = self.params
+        if work.evidence <= 0.0:
+            return 0.0
+        evidence = work.evidence * _halved(now - work.evidence_at, params.evidence_half_life_s)
+        return evidence / (evidence + params.evidence_prior)
+
     def _leave_prefill(self, ticket: Ticket, work: _PodWork | None) -> None:
         if work is None:
             return
@@ -369,3 +390,8 @@ class CostModel:
                 self._leave_prefill(ticket, work)
                 ticket.phase = "decode"
                 work.decoding += 1
+
+
+def _halved(elapsed: float, half_life: float) -> float:
+    """What remains of 1 after `elapsed` seconds at this half-life."""
+    return float(math.exp(-math.log(2.0) * max(0.0, elapsed) / half_life))

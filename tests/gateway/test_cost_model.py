@@ -218,3 +218,18 @@ def test_an_untokenized_request_does_not_train_the_model() -> None:
     assert cost.first_byte(ticket) == pytest.approx(0.5)  # still observed (SLO counters)
     cost.finish(ticket)
     assert cost.model("p").observations == 0 and cost.outstanding("p") == (0.0, 0, 0)
+
+
+def test_a_pod_no_longer_chosen_drifts_back_to_the_fleets_model() -> None:
+    """One unlucky early answer must not starve a pod for good: without recent answers its
+    own model fades into the fleet's, so the picker tries it again."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    for _ in range(50):
+        serve(cost, clock, "fast", 1000, 0.030)
+    for _ in range(5):
+        serve(cost, clock, "unlucky", 1000, 0.300)  # a bad start: 10× slower
+    fleet_like = cost.predict("fast", 1000, 0.0).ttft_s
+    assert cost.predict("unlucky", 1000, 0.0).ttft_s > 2 * fleet_like
+    clock.now += 600.0  # ten minutes without an answer from it
+    assert cost.predict("unlucky", 1000, 0.0).ttft_s < 1.5 * fleet_like

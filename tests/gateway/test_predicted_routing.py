@@ -80,8 +80,6 @@ async def test_a_slower_engine_gets_less_traffic(
         await asyncio.gather(*(user(i, client) for i in range(4)))
     assert served["slow"] > 0 or served["fast"] == 48
     assert served["fast"] >= 2 * served["slow"], served
-    models = gw.state.router.cost
-    assert models.model("slow").theta[1] > models.model("fast").theta[1]
 
 
 async def test_ttft_objectives_are_counted_and_shed_when_asked(
