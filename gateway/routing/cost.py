@@ -45,6 +45,8 @@ FEATURES = ("base", "prefill_tokens", "queued_requests", "decoding")
 _TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
 _SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 _MAX_PODS = 4096
+_STALE_S = 10.0
+"""An idle pod with no answer for this long is predicted with the fleet's model."""
 _MAX_TRACE_FACTOR = 10.0
 
 # Prior, in seconds per feature unit: 20 ms overhead, 111 µs per prompt token to prefill,
@@ -64,11 +66,6 @@ class CostParams:
     cpu_load_fraction: float = 0.05
     """A CPU-tier block costs this share of a block's prefill to load back."""
     storage_load_fraction: float = 0.2
-    evidence_prior: float = 4.0
-    """A pod's own model counts for e / (e + this) of its prediction, e = its recent answers
-    (the fleet's model for the rest)."""
-    evidence_half_life_s: float = 30.0
-    """How fast that evidence fades when the pod gets no answers."""
     prior: tuple[float, float, float, float] = DEFAULT_PRIOR
 
 
@@ -175,9 +172,8 @@ class _PodWork:
     prefill_tokens: float = 0.0
     prefilling: int = 0
     decoding: int = 0
-    evidence: float = 0.0
-    evidence_at: float = 0.0
-    """Recent answers the pod's model learned from, decaying with time (see `predict`)."""
+    answered_at: float = -math.inf
+    """When its last streamed first byte was observed."""
     mean_tokens: float = 0.0
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
     at_scrape: tuple[float | None, int, int] = (None, 0, 0)
@@ -223,13 +219,10 @@ class CostModel:
         scraped_at: float | None = None,
         running: float = 0.0,
         waiting: float = 0.0,
-        pod_weight: float = 1.0,
     ) -> Prediction:
         """Predicted TTFT of a new request on `pod` given how much of its prompt the pod
         holds (`cached_tokens`, already weighted by tier load cost), and the engine's own
-        running and waiting counts at its last scrape (every gateway replica's requests).
-        `pod_weight` < 1 blends the pod's learned coefficients with the fleet's: estimation
-        noise alone then cannot make one of two identical pods look faster for long."""
+        running and waiting counts at its last scrape (every gateway replica's requests)."""
         work = self._work(pod)
         now = self._clock()
         if work.unobserved:
@@ -250,14 +243,12 @@ class CostModel:
                 queued_requests += others_waiting
                 decoding += others - others_waiting
         own = max(0.0, prompt_tokens - cached_tokens)
-        # Trust the pod's own model as far as it has recent evidence: a pod the picker stopped
-        # choosing (one unlucky early answer made it look slow) drifts back to the fleet's
-        # model, gets a request again and is measured again, rather than starving for good.
-        weight = pod_weight * self._trust(work, now)
         theta = work.model.theta
-        if weight < 1.0:
-            fleet = self.fleet.theta
-            theta = [weight * a + (1.0 - weight) * b for a, b in zip(theta, fleet, strict=True)]
+        if not work.prefilling and not work.decoding and now - work.answered_at > _STALE_S:
+            # Idle and unheard of for a while: the picker may have stopped choosing it on one
+            # unlucky early answer. The fleet's model stands in, so it is tried and measured
+            # again instead of starving for good; a pod in use is never affected.
+            theta = self.fleet.theta
         ttft = (
             theta[0]
             + theta[1] * (own + queued) / _TOKEN_UNIT
@@ -313,14 +304,14 @@ class CostModel:
             work.decoding += 1
         if not ticket.streamed:
             return None
-        observed = self._clock() - ticket.started
+        now = self._clock()
+        observed = now - ticket.started
+        if work is not None:
+            work.answered_at = now
         if ticket.learn:
             x = ticket.prediction.features()
             if work is not None:
                 work.model.learn(x, observed)
-                now = self._clock()
-                decay = _halved(now - work.evidence_at, self.params.evidence_half_life_s)
-                work.evidence, work.evidence_at = work.evidence * decay + 1.0, now
             self.fleet.learn(x, observed)
         return observed
 
@@ -366,14 +357,6 @@ class CostModel:
             work = self._pods[pod] = _PodWork(TtftModel(self.params, self.fleet.theta))
         return work
 
-    def _trust(self, work: _PodWork, now: float) -> float:
-        """Weight of the pod's own model: its recent evidence e over e + `evidence_prior`."""
-        params = self.params
-        if work.evidence <= 0.0:
-            return 0.0
-        evidence = work.evidence * _halved(now - work.evidence_at, params.evidence_half_life_s)
-        return evidence / (evidence + params.evidence_prior)
-
     def _leave_prefill(self, ticket: Ticket, work: _PodWork | None) -> None:
         if work is None:
             return
@@ -390,8 +373,3 @@ class CostModel:
                 self._leave_prefill(ticket, work)
                 ticket.phase = "decode"
                 work.decoding += 1
-
-
-def _halved(elapsed: float, half_life: float) -> float:
-    """What remains of 1 after `elapsed` seconds at this half-life."""
-    return float(math.exp(-math.log(2.0) * max(0.0, elapsed) / half_life))

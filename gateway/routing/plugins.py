@@ -149,7 +149,6 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
         ctx.rng,
         tie_tolerance=params.number("tie_tolerance", 0.05, high=10.0),
         prefill_weight=params.number("prefill_weight", 0.0, high=100.0),
-        pod_weight=params.number("pod_weight", 1.0, high=1.0),
         shed=params.flag("shed", ctx.slo_shed),
     )
 

@@ -17,7 +17,6 @@ def predict_all(
     block_size: int,
     request: RoutingRequest,
     pods: Sequence[PodState],
-    pod_weight: float = 1.0,
 ) -> dict[str, Prediction]:
     """Each candidate's predicted TTFT for this request (computed once per decision)."""
     predictions = request.state.predictions
@@ -40,7 +39,7 @@ def predict_all(
             )  # fmt: skip
         name = pod.pod.name
         predictions[name] = cost.predict(name, tokens, cached, pod.scraped_at, pod.running,
-                                         pod.waiting, pod_weight)  # fmt: skip
+                                         pod.waiting)  # fmt: skip
     return predictions
 
 
@@ -87,7 +86,6 @@ class MinPredictedTtftPicker:
         *,
         tie_tolerance: float = 0.05,
         prefill_weight: float = 0.0,
-        pod_weight: float = 1.0,
         shed: bool = False,
     ) -> None:
         self._cost = cost
@@ -95,7 +93,6 @@ class MinPredictedTtftPicker:
         self._rng = rng
         self.tie_tolerance = tie_tolerance
         self.prefill_weight = prefill_weight
-        self.pod_weight = pod_weight
         self.shed = shed
 
     def rank(
@@ -106,7 +103,7 @@ class MinPredictedTtftPicker:
     ) -> list[PodState]:
         if not pods:
             return []
-        predictions = predict_all(self._cost, self._block_size, request, pods, self.pod_weight)
+        predictions = predict_all(self._cost, self._block_size, request, pods)
         match = request.match
         matched = match.matched if match is not None else _nothing
         slo = request.slo_ttft_s

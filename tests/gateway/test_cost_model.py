@@ -220,9 +220,9 @@ def test_an_untokenized_request_does_not_train_the_model() -> None:
     assert cost.model("p").observations == 0 and cost.outstanding("p") == (0.0, 0, 0)
 
 
-def test_a_pod_no_longer_chosen_drifts_back_to_the_fleets_model() -> None:
-    """One unlucky early answer must not starve a pod for good: without recent answers its
-    own model fades into the fleet's, so the picker tries it again."""
+def test_an_idle_pod_unheard_of_is_predicted_with_the_fleets_model() -> None:
+    """One unlucky early answer must not starve a pod for good: idle and without answers
+    for a while, it is predicted as the fleet would be, so the picker tries it again."""
     clock = Clock()
     cost = CostModel(clock=clock)
     for _ in range(50):
@@ -231,5 +231,8 @@ def test_a_pod_no_longer_chosen_drifts_back_to_the_fleets_model() -> None:
         serve(cost, clock, "unlucky", 1000, 0.300)  # a bad start: 10× slower
     fleet_like = cost.predict("fast", 1000, 0.0).ttft_s
     assert cost.predict("unlucky", 1000, 0.0).ttft_s > 2 * fleet_like
-    clock.now += 600.0  # ten minutes without an answer from it
+    clock.now += 60.0  # a minute without an answer from it, nothing in flight
     assert cost.predict("unlucky", 1000, 0.0).ttft_s < 1.5 * fleet_like
+    busy = cost.start(cost.predict("unlucky", 1000, 0.0), streamed=True)
+    assert cost.predict("unlucky", 10, 0.0).ttft_s > 2 * cost.predict("fast", 10, 0.0).ttft_s
+    cost.finish(busy)
