@@ -46,7 +46,7 @@ _TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences ke
 _SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 _MAX_PODS = 4096
 _STALE_S = 10.0
-"""An idle pod with no answer for this long is predicted with the fleet's model."""
+"""An idle pod with no answer for this long is `stale`: the picker probes it now and then."""
 _MAX_TRACE_FACTOR = 10.0
 
 # Prior, in seconds per feature unit: 20 ms overhead, 111 µs per prompt token to prefill,
@@ -244,11 +244,6 @@ class CostModel:
                 decoding += others - others_waiting
         own = max(0.0, prompt_tokens - cached_tokens)
         theta = work.model.theta
-        if not work.prefilling and not work.decoding and now - work.answered_at > _STALE_S:
-            # Idle and unheard of for a while: the picker may have stopped choosing it on one
-            # unlucky early answer. The fleet's model stands in, so it is tried and measured
-            # again instead of starving for good; a pod in use is never affected.
-            theta = self.fleet.theta
         ttft = (
             theta[0]
             + theta[1] * (own + queued) / _TOKEN_UNIT
@@ -331,6 +326,14 @@ class CostModel:
         keep = set(live)
         for name in [name for name in self._pods if name not in keep]:
             del self._pods[name]
+
+    def stale(self, pod: str) -> bool:
+        """Idle and without an answer for a while: the picker may have stopped choosing it
+        on one unlucky early answer, and only a new answer can correct its model."""
+        work = self._pods.get(pod)
+        if work is None or work.prefilling or work.decoding:
+            return False
+        return self._clock() - work.answered_at > _STALE_S
 
     def model(self, pod: str) -> TtftModel:
         return self._work(pod).model

@@ -86,6 +86,7 @@ class MinPredictedTtftPicker:
         *,
         tie_tolerance: float = 0.05,
         prefill_weight: float = 0.0,
+        probe_rate: float = 0.02,
         shed: bool = False,
     ) -> None:
         self._cost = cost
@@ -93,6 +94,7 @@ class MinPredictedTtftPicker:
         self._rng = rng
         self.tie_tolerance = tie_tolerance
         self.prefill_weight = prefill_weight
+        self.probe_rate = probe_rate
         self.shed = shed
 
     def rank(
@@ -128,6 +130,14 @@ class MinPredictedTtftPicker:
             for name, p in predictions.items()
         }
         ranking = sorted(pods, key=lambda pod: costs[pod.pod.name])
+        if self.probe_rate and self._rng.random() < self.probe_rate:
+            # Now and then a stale pod goes first: a pod one unlucky answer made look slow
+            # gets measured again instead of starving; a pod in use is never probed.
+            stale = [pod for pod in ranking[1:] if self._cost.stale(pod.pod.name)]
+            if stale:  # the most avoided of them
+                ranking.remove(stale[-1])
+                ranking.insert(0, stale[-1])
+                return ranking
         limit = costs[ranking[0].pod.name] * (1.0 + self.tie_tolerance)
         ties = 1
         while ties < len(ranking) and costs[ranking[ties].pod.name] <= limit:

@@ -220,19 +220,25 @@ def test_an_untokenized_request_does_not_train_the_model() -> None:
     assert cost.model("p").observations == 0 and cost.outstanding("p") == (0.0, 0, 0)
 
 
-def test_an_idle_pod_unheard_of_is_predicted_with_the_fleets_model() -> None:
+def test_a_stale_pod_is_probed_now_and_then_and_a_busy_one_never() -> None:
     """One unlucky early answer must not starve a pod for good: idle and without answers
-    for a while, it is predicted as the fleet would be, so the picker tries it again."""
+    for a while, it is put first in a few decisions so that it is measured again."""
     clock = Clock()
     cost = CostModel(clock=clock)
     for _ in range(50):
         serve(cost, clock, "fast", 1000, 0.030)
     for _ in range(5):
         serve(cost, clock, "unlucky", 1000, 0.300)  # a bad start: 10× slower
-    fleet_like = cost.predict("fast", 1000, 0.0).ttft_s
-    assert cost.predict("unlucky", 1000, 0.0).ttft_s > 2 * fleet_like
+    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.1)
+    pods = [pod("fast"), pod("unlucky")]
+
+    def firsts(decisions: int) -> Counter[str]:
+        return Counter(picker.rank(request(1000), pods, {})[0].name for _ in range(decisions))
+
+    assert firsts(200)["unlucky"] == 0  # not stale yet: its own model rules it out
     clock.now += 60.0  # a minute without an answer from it, nothing in flight
-    assert cost.predict("unlucky", 1000, 0.0).ttft_s < 1.5 * fleet_like
+    probed = firsts(200)["unlucky"]
+    assert 5 <= probed <= 40  # about probe_rate of the decisions
     busy = cost.start(cost.predict("unlucky", 1000, 0.0), streamed=True)
-    assert cost.predict("unlucky", 10, 0.0).ttft_s > 2 * cost.predict("fast", 10, 0.0).ttft_s
+    assert firsts(200)["unlucky"] == 0  # in use: never probed
     cost.finish(busy)
