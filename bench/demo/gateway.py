@@ -18,10 +18,12 @@ from gateway.server import GatewayServer
 from gateway.settings import Settings
 
 
-def write_pods_file(path: Path, endpoints: Sequence[EngineEndpoint]) -> Path:
+def write_pods_file(
+    path: Path, endpoints: Sequence[EngineEndpoint], topic: str = "kv-events"
+) -> Path:
     pods = [
         {"name": e.name, "url": e.url, "model": e.model, "events": e.events,
-         "replay": e.replay, "topic": "kv-events"}
+         "replay": e.replay, "topic": topic}
         for e in endpoints
     ]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,7 +61,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add(
         "--peers",
         action="store_true",
-        help="also run sglang-router and vllm-router (cache_aware), from bench/.venvs",
+        help="also run sglang-router and vllm-router (cache_aware) and vllm-router's kv_aware "
+        "(fed by the engines' KV events), from bench/.venvs",
     )
     add("--engines", type=int, default=8, help="simulated engines, one process each (8)")
     add(

@@ -22,7 +22,7 @@ import dataclasses
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.demo.fleet import EngineEndpoint, FleetSpec, SimFleet
@@ -30,6 +30,8 @@ from bench.routing.script import Script
 from simulator.latency import LatencyModel
 
 BLOCK_SIZE = 16
+SIM_TOPIC = "kv-events"
+"""`kvgate sim --topic`'s default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,14 @@ class FleetPlan:
     latency: LatencyModel = field(default_factory=LatencyModel)
     slowdown: float = 1.0
     """The second half of the engines (e4..e7 of 8) are this much slower at everything."""
+    block_hash: str = "sim"
+    """`kvgate sim --block-hash`: the simulator's own scheme, or vLLM's `sha256_cbor`."""
+    topic: str = SIM_TOPIC
+
+    def vllm_like(self) -> FleetPlan:
+        """Engines that publish exactly as a vLLM started with PYTHONHASHSEED=0 and default
+        KV events does: sha256_cbor block hashes, on vLLM's default topic ''."""
+        return replace(self, block_hash="sha256_cbor", topic="")
 
     def slow(self, index: int) -> bool:
         return self.slowdown != 1.0 and index >= self.engines - self.engines // 2
@@ -61,7 +71,11 @@ class FleetPlan:
 
     def sim_args(self, index: int = 0) -> list[str]:
         latency = self.engine_latency(index)
+        hashing = [] if self.block_hash == "sim" else ["--block-hash", self.block_hash]
+        topic = [] if self.topic == SIM_TOPIC else [f"--topic={self.topic}"]
         return [
+            *hashing,
+            *topic,
             "--request-overhead-ms", str(latency.request_overhead_ms),
             "--prefill-us-per-token", str(latency.prefill_us_per_token),
             "--prefill-us-per-token-sq", str(latency.prefill_us_per_token_sq),

@@ -1,5 +1,6 @@
 """The oracle router: routes with full knowledge of every engine's cache, to bound what
-any router can achieve. Its own process: `python -m bench.routing.oracle PODS PORT`.
+any router can achieve. Its own process: `python -m bench.routing.oracle PODS PORT
+[BLOCK_HASH]` (the engines' `--block-hash` scheme, default `sim`).
 
 It subscribes to every engine's KV events (each engine is reset before a run, so the view
 starts empty and complete), applies them to one set of resident blocks per engine, and
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from simulator.block_hash import BlockHasher, int_hash, to_unsigned64
+from simulator.block_hash import BLOCK_HASHES, int_hash, to_unsigned64
 from simulator.chat_template import ChatTemplate
 from simulator.tokenizer import SimTokenizer
 from simulator.wire import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
@@ -68,10 +69,16 @@ def _key(value: int | bytes) -> int:
 
 
 class Oracle:
-    def __init__(self, engines: list[Engine], block_size: int = 16, hash_seed: int = 0) -> None:
+    def __init__(
+        self,
+        engines: list[Engine],
+        block_size: int = 16,
+        hash_seed: int = 0,
+        block_hash: str = "sim",
+    ) -> None:
         self.engines = engines
         self._template = ChatTemplate(SimTokenizer())
-        self._hasher = BlockHasher(block_size, hash_seed)
+        self._hasher = BLOCK_HASHES[block_hash](block_size, hash_seed)
         self._rng = random.Random(0)
 
     def keys(self, body: dict[str, Any]) -> list[int]:
@@ -197,7 +204,11 @@ def engines_of(pods_file: Path) -> list[Engine]:
 
 
 def main(argv: list[str]) -> int:
-    return serve(Oracle(engines_of(Path(argv[0]))), int(argv[1]))
+    block_hash = argv[2] if len(argv) > 2 else "sim"
+    if block_hash not in BLOCK_HASHES:
+        print(f"oracle: unknown block hash scheme {block_hash!r}", file=sys.stderr)
+        return 2
+    return serve(Oracle(engines_of(Path(argv[0])), block_hash=block_hash), int(argv[1]))
 
 
 if __name__ == "__main__":

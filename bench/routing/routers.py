@@ -10,6 +10,14 @@
   `bench/.venvs/NAME` (created on first use with pip), both with `--policy cache_aware`.
   `HF_HUB_OFFLINE=1`: sglang-router tries to load the tokenizer named by the worker's
   `/model_info` (`sim-model`), which is not on any hub; offline, it gives up at once.
+- `vllm-router-kv-aware` (also `--peers`): vllm-router (same venv) with `--policy kv_aware`,
+  fed by every engine's KV events (`--kv-event-source URL=tcp://…`, replay sources,
+  `--kv-event-model`, `--kv-event-block-size 16`). It tokenizes nothing itself: it renders
+  each request on the workers' `/v1/chat/completions/render` and keys its index by its own
+  hashes of the events' `token_ids` (the engines' hashes only chain parents and name
+  removals). Its static sources take no topic and it reads only vLLM's default topic '',
+  so a run that includes it starts vLLM-like engines (`FleetPlan.vllm_like`: topic '',
+  sha256_cbor hashes), which kvgate's routers and the oracle follow as well.
 """
 
 from __future__ import annotations
@@ -35,7 +43,12 @@ from bench.processes import die_with_parent, log_tail, stop_group
 KVGATE_POLICIES = (
     "prefix-cache", "least-request", "round-robin", "random", "prefix-share", "predicted-latency"
 )  # fmt: skip
-PEERS = ("sglang-router", "vllm-router")
+PEERS = ("sglang-router", "vllm-router", "vllm-router-kv-aware")
+PACKAGES = {"sglang-router": "sglang-router", "vllm-router": "vllm-router",
+            "vllm-router-kv-aware": "vllm-router"}  # fmt: skip
+"""Each peer's PyPI package (its venv under bench/.venvs/)."""
+VLLM_LIKE_PEERS = ("vllm-router-kv-aware",)
+"""Peers that need engines publishing exactly as vLLM does (`FleetPlan.vllm_like`)."""
 BASELINES = {"oracle": "bench.routing.oracle", "sticky-rr": "bench.routing.sticky_rr"}
 """Benchmark-only routers (their own processes): module to run, by router name."""
 VENVS = Path(__file__).resolve().parent.parent / ".venvs"
@@ -118,6 +131,7 @@ def make_router(
     endpoints: Sequence[EngineEndpoint],
     log_dir: Path,
     rng: random.Random,
+    block_hash: str = "sim",
 ) -> RouterProcess:
     port = free_port_block(2, rng)
     log = log_dir / f"router-{name}.log"
@@ -129,21 +143,38 @@ def make_router(
         ]  # fmt: skip
         return RouterProcess(name, command, log, port, {"KVGATE_ADMIN_TOKEN": token}, token)
     if name in BASELINES:
-        command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port)]
+        command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port), block_hash]
         return RouterProcess(name, command, log, port)
     if name in PEERS:
         workers = [endpoint.url for endpoint in endpoints]
         metrics = ["--prometheus-port", str(port + 1), "--prometheus-host", "127.0.0.1"]
-        common = ["--worker-urls", *workers, "--policy", "cache_aware",
+        policy = kv_aware_args(endpoints) if name in VLLM_LIKE_PEERS else ["cache_aware"]
+        common = ["--worker-urls", *workers, "--policy", *policy,
                   "--host", "127.0.0.1", "--port", str(port), *metrics]  # fmt: skip
-        python = str(ensure_venv(name) / "bin" / "python")
+        venv = ensure_venv(PACKAGES[name])
         if name == "sglang-router":
-            command = [python, "-m", "sglang_router.launch_router", *common, "--log-level", "warn"]
+            command = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router",
+                       *common, "--log-level", "warn"]  # fmt: skip
         else:
-            command = [str(VENVS / name / "bin" / "vllm-router"), *common,
-                       "--log-level", "warning"]  # fmt: skip
+            command = [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
         return RouterProcess(name, command, log, port, {"HF_HUB_OFFLINE": "1"})
     raise ValueError(f"unknown router {name!r}")
+
+
+def kv_aware_args(endpoints: Sequence[EngineEndpoint]) -> list[str]:
+    """vllm-router's kv_aware policy fed by every engine's KV events (static sources; 0.1.17
+    requires the model and block size for them)."""
+    args = ["kv_aware", "--kv-event-block-size", "16", "--kv-event-model", endpoints[0].model]
+    for endpoint in endpoints:
+        args += ["--kv-event-source", f"{endpoint.url}={endpoint.events}"]
+        if endpoint.replay:
+            args += ["--kv-event-replay-source", f"{endpoint.url}={endpoint.replay}"]
+    return args
+
+
+def needs_vllm_like_engines(routers: Sequence[str]) -> bool:
+    """Whether a router of the run needs engines that publish exactly as vLLM does."""
+    return any(router in VLLM_LIKE_PEERS for router in routers)
 
 
 def ensure_venv(package: str) -> Path:

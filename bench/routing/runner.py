@@ -34,7 +34,7 @@ from bench.routing.report import (
     prediction_lines,
     title,
 )
-from bench.routing.routers import make_router
+from bench.routing.routers import make_router, needs_vllm_like_engines
 from bench.routing.script import Script
 from bench.routing.summary import RunResult, summarize
 from bench.routing.workloads import WorkloadSize, build, slowdown
@@ -80,12 +80,14 @@ async def _main(options: RoutingOptions) -> int:
             capacity = capacity_rps(script, plan)
             scale = options.time_scale or options.wall_rate / capacity
             plan = dataclasses.replace(plan, time_scale=scale)
+            if needs_vllm_like_engines(options.routers):
+                plan = plan.vllm_like()
             plans[workload] = _describe(script, plan, capacity)
             _say(options, _intro(script, plan, capacity))
             engines = EngineProcesses(plan, logs / workload, options.seed)
             try:
                 await engines.start(rng)
-                pods = write_pods_file(logs / workload / "pods.json", engines.endpoints)
+                pods = write_pods_file(logs / workload / "pods.json", engines.endpoints, plan.topic)
                 points = options.loads if options.mode == "open" else [None]
                 for load in points:
                     rate = (load or 0.0) * capacity
@@ -136,7 +138,7 @@ async def _run_one(
     endpoints = engines.endpoints
     await AdminClient(client, "", "").reset_engine_caches(urls(endpoints))
     logs = options.out_dir / "logs" / script.name
-    router = make_router(router_name, pods, endpoints, logs, random.Random())
+    router = make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash)
     await router.start()
     try:
         await router.wait_ready(client)
@@ -230,6 +232,8 @@ def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any
         "engine_share_of_working_set": plan.gpu_blocks * 16 / script.working_set_tokens(),
         "time_scale": plan.time_scale,
         "max_batch": plan.max_batch,
+        "block_hash": plan.block_hash,
+        "topic": plan.topic,
         "latency": dataclasses.asdict(plan.latency),
         "slow_engines": plan.engines // 2 if plan.slowdown != 1.0 else 0,
         "slowdown": plan.slowdown,

@@ -18,9 +18,10 @@ import httpx
 import pytest
 import zmq.asyncio
 
+from bench.demo.fleet import EngineEndpoint
 from bench.routing.fleet import capacity_rps, plan_fleet
 from bench.routing.oracle import Engine, Oracle
-from bench.routing.routers import make_router
+from bench.routing.routers import kv_aware_args, make_router, needs_vllm_like_engines
 from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
 from tests.conftest import StartEngine
 from tests.helpers import eventually
@@ -79,10 +80,18 @@ def test_fleet_holds_the_working_set_but_one_engine_at_most_a_quarter(name: str)
     assert capacity_rps(script, plan) > 0
 
 
-async def test_oracle_sees_what_each_engine_caches(start_engine: StartEngine) -> None:
-    engines = [await start_engine(name=f"o{i}") for i in range(2)]
+@pytest.mark.parametrize(
+    ("block_hash", "topic"), [("sim", "kv-events"), ("sha256_cbor", "")], ids=["sim", "vllm-like"]
+)
+async def test_oracle_sees_what_each_engine_caches(
+    start_engine: StartEngine, block_hash: str, topic: str
+) -> None:
+    engines = [
+        await start_engine(name=f"o{i}", block_hash=block_hash, topic=topic) for i in range(2)
+    ]
     oracle = Oracle(
-        [Engine(s.engine.config.name, s.url, s.engine.publisher.events_endpoint) for s in engines]
+        [Engine(s.engine.config.name, s.url, s.engine.publisher.events_endpoint) for s in engines],
+        block_hash=block_hash,
     )
     context = zmq.asyncio.Context()
     ready = asyncio.Event()
@@ -105,6 +114,27 @@ async def test_oracle_sees_what_each_engine_caches(start_engine: StartEngine) ->
         with contextlib.suppress(asyncio.CancelledError):
             await listener
         context.term()
+
+
+def test_vllm_router_kv_aware_gets_every_engines_events_from_vllm_like_engines() -> None:
+    endpoints = [
+        EngineEndpoint(f"e{i}", f"http://127.0.0.1:{8000 + i}", "sim-model",
+                       f"tcp://127.0.0.1:{5557 + 2 * i}", f"tcp://127.0.0.1:{5558 + 2 * i}")
+        for i in range(2)
+    ]  # fmt: skip
+    assert kv_aware_args(endpoints) == [
+        "kv_aware", "--kv-event-block-size", "16", "--kv-event-model", "sim-model",
+        "--kv-event-source", "http://127.0.0.1:8000=tcp://127.0.0.1:5557",
+        "--kv-event-replay-source", "http://127.0.0.1:8000=tcp://127.0.0.1:5558",
+        "--kv-event-source", "http://127.0.0.1:8001=tcp://127.0.0.1:5559",
+        "--kv-event-replay-source", "http://127.0.0.1:8001=tcp://127.0.0.1:5560",
+    ]  # fmt: skip
+    assert not needs_vllm_like_engines(["prefix-cache", "oracle", "vllm-router"])
+    assert needs_vllm_like_engines(["prefix-cache", "vllm-router-kv-aware"])
+    plan = plan_fleet(build("chat", WorkloadSize(conversations=4, turns=2), 0), 4, 1.0)
+    assert not any(a.startswith(("--block-hash", "--topic")) for a in plan.sim_args())
+    vllm_like = plan.vllm_like()
+    assert vllm_like.sim_args()[:3] == ["--block-hash", "sha256_cbor", "--topic="]
 
 
 def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) -> None:
