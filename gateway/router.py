@@ -136,6 +136,7 @@ class Router:
             prefix_hashes=hashes,
             slo_ttft_s=slo_ttft_s,
             streamed=bool(body.get("stream")),
+            opens_conversation=kind == "chat" and opens_conversation(body),
         )
         try:
             decision = profile.decide(request, serving)
@@ -291,3 +292,14 @@ def _context(model: str, serving: list[PodState]) -> ModelContext:
     if base is not None:
         return ModelContext(model)
     return ModelContext(serving[0].pod.model, model)
+
+
+def opens_conversation(body: Mapping[str, Any]) -> bool:
+    """A chat request with no answer in it yet: a new conversation's first turn."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return False
+    return not any(
+        isinstance(m, Mapping) and m.get("role") in ("assistant", "tool", "function")
+        for m in messages
+    )

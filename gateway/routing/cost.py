@@ -20,9 +20,11 @@ decision time:
 
 θ is learned online per pod by recursive least squares (exponential forgetting) from the
 TTFT the gateway observes — the first body byte of a streamed answer after the request was
-sent — so a pool of mixed GPUs or engine settings is modelled pod by pod. A new pod starts
-from the fleet's model (itself learned from every pod's observations, from a prior in the
-range of a 14B model on one GPU), so it is usable at once. Updates are Huber-weighted
+sent — so a pool of mixed GPUs or engine settings is modelled pod by pod. Until its first
+answer a pod is predicted with the fleet's model as it is now (learned from every pod's
+observations, from a prior in the range of a 14B model on one GPU), and its own model
+starts from that: a new pod is usable at once, and a pod not yet answered never looks
+slower (or faster) than the answered ones only because the prior was off. Updates are Huber-weighted
 against a running residual scale (one stalled request cannot drag the model), coefficients
 are kept non-negative (more work never predicts less time), and each model is a fixed
 4×4 state: memory per pod is bounded, whatever the traffic.
@@ -67,6 +69,8 @@ class CostParams:
     """A CPU-tier block costs this share of a block's prefill to load back."""
     storage_load_fraction: float = 0.2
     prior: tuple[float, float, float, float] = DEFAULT_PRIOR
+    activity_window_s: float = 10.0
+    """Time constant of each pod's decayed count of requests routed to it (its activity)."""
 
 
 class Prediction(NamedTuple):
@@ -85,6 +89,10 @@ class Prediction(NamedTuple):
         """Each term's share of the predicted TTFT, in seconds (for /admin/match)."""
         values = self.features()
         return {name: c * x for name, c, x in zip(FEATURES, self.coefficients, values, strict=True)}
+
+    def with_own_tokens(self, own_tokens: float) -> float:
+        """The predicted TTFT had the request `own_tokens` uncached tokens on this pod."""
+        return self.ttft_s - self.coefficients[1] * (self.own_tokens - own_tokens) / _TOKEN_UNIT
 
     def own_prefill_s(self) -> float:
         """The predicted time of this request's own prefill on the pod."""
@@ -176,6 +184,9 @@ class _PodWork:
     """When its last streamed first byte was observed."""
     mean_tokens: float = 0.0
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
+    activity: float = 0.0
+    """Requests routed here, each decaying with `activity_window_s` (as of `activity_at`)."""
+    activity_at: float = 0.0
     at_scrape: tuple[float | None, int, int] = (None, 0, 0)
     """(scrape time, our prefilling, our decoding) when that scrape's answer arrived."""
     unobserved: list[tuple[float, int, Ticket]] = field(default_factory=list)
@@ -243,7 +254,8 @@ class CostModel:
                 queued_requests += others_waiting
                 decoding += others - others_waiting
         own = max(0.0, prompt_tokens - cached_tokens)
-        theta = work.model.theta
+        model = work.model if work.model.observations else self.fleet
+        theta = model.theta
         ttft = (
             theta[0]
             + theta[1] * (own + queued) / _TOKEN_UNIT
@@ -277,7 +289,10 @@ class CostModel:
         """The request goes to `prediction.pod` now: its prefill joins that pod's queue.
         `learn`: its observed TTFT may train the pod's model (its features were known)."""
         work = self._work(prediction.pod)
-        ticket = Ticket(prediction.pod, prediction, self._clock(), streamed, learn)
+        now = self._clock()
+        ticket = Ticket(prediction.pod, prediction, now, streamed, learn)
+        work.activity = self._decayed_activity(work, now) + 1.0
+        work.activity_at = now
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
@@ -306,6 +321,8 @@ class CostModel:
         if ticket.learn:
             x = ticket.prediction.features()
             if work is not None:
+                if not work.model.observations:
+                    work.model.theta = list(self.fleet.theta)
                 work.model.learn(x, observed)
             self.fleet.learn(x, observed)
         return observed
@@ -334,6 +351,17 @@ class CostModel:
         if work is None or work.prefilling or work.decoding:
             return False
         return self._clock() - work.answered_at > _STALE_S
+
+    def activity(self, pod: str) -> float:
+        """Requests routed to `pod` lately (decayed): how much of the traffic it carries,
+        beyond what is in flight at this instant — a conversation's turns come in bursts."""
+        work = self._pods.get(pod)
+        return 0.0 if work is None else self._decayed_activity(work, self._clock())
+
+    def _decayed_activity(self, work: _PodWork, now: float) -> float:
+        if not work.activity:
+            return 0.0
+        return work.activity * math.exp(-(now - work.activity_at) / self.params.activity_window_s)
 
     def model(self, pod: str) -> TtftModel:
         return self._work(pod).model

@@ -150,6 +150,11 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
         tie_tolerance=params.number("tie_tolerance", 0.05, high=10.0),
         prefill_weight=params.number("prefill_weight", 0.0, high=100.0),
         probe_rate=params.number("probe_rate", 0.02, high=1.0),
+        placement_tolerance=(
+            params.number("placement_tolerance", 0.25, high=10.0)
+            if params.flag("placement", True)
+            else -1.0
+        ),
         shed=params.flag("shed", ctx.slo_shed),
     )
 

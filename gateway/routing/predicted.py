@@ -70,6 +70,14 @@ class MinPredictedTtftPicker:
     compute a cache miss burns is capacity every later request loses, which this request's
     own TTFT does not see (0: pure TTFT).
 
+    A conversation's first turn is a placement: its later turns follow it to its pod, so
+    it goes where the conversation will be served fastest, not where this one request is —
+    ranked as if every pod held the best-matched shared prefix (a system prompt is
+    prefilled once per pod, then serves every conversation placed there), and among pods
+    within `placement_tolerance` of the best, to the least active one (fewest requests
+    lately): the instantaneous queue misses conversations between their turns. Without
+    this, every new conversation follows its system prompt to one pod and stays there.
+
     With an SLO (`x-slo-ttft-ms`): the pods predicted to meet it come first, best cache
     affinity first (keeping the cache warm costs nothing the client asked for); if none
     can, the lowest predicted TTFT — or, with `shed`, a 429 + Retry-After.
@@ -87,6 +95,7 @@ class MinPredictedTtftPicker:
         tie_tolerance: float = 0.05,
         prefill_weight: float = 0.0,
         probe_rate: float = 0.02,
+        placement_tolerance: float = 0.25,
         shed: bool = False,
     ) -> None:
         self._cost = cost
@@ -95,6 +104,7 @@ class MinPredictedTtftPicker:
         self.tie_tolerance = tie_tolerance
         self.prefill_weight = prefill_weight
         self.probe_rate = probe_rate
+        self.placement_tolerance = placement_tolerance
         self.shed = shed
 
     def rank(
@@ -124,11 +134,16 @@ class MinPredictedTtftPicker:
                     f"objective (best: {best * 1e3:.0f} ms)",
                     retry_after_s=max(1, round(best - slo + 0.5)),
                 )
-        weight = self.prefill_weight
-        costs = {
-            name: p.ttft_s + weight * p.own_prefill_s() if weight else p.ttft_s
-            for name, p in predictions.items()
-        }
+        placing = request.opens_conversation and self.placement_tolerance >= 0.0
+        if placing:
+            least = min(predictions[pod.pod.name].own_tokens for pod in pods)
+            costs = {name: p.with_own_tokens(least) for name, p in predictions.items()}
+        else:
+            weight = self.prefill_weight
+            costs = {
+                name: p.ttft_s + weight * p.own_prefill_s() if weight else p.ttft_s
+                for name, p in predictions.items()
+            }
         ranking = sorted(pods, key=lambda pod: costs[pod.pod.name])
         if self.probe_rate and self._rng.random() < self.probe_rate:
             # Now and then a stale pod goes first: a pod one unlucky answer made look slow
@@ -138,11 +153,18 @@ class MinPredictedTtftPicker:
                 ranking.remove(stale[-1])
                 ranking.insert(0, stale[-1])
                 return ranking
-        limit = costs[ranking[0].pod.name] * (1.0 + self.tie_tolerance)
+        tolerance = self.placement_tolerance if placing else self.tie_tolerance
+        limit = costs[ranking[0].pod.name] * (1.0 + tolerance)
         ties = 1
         while ties < len(ranking) and costs[ranking[ties].pod.name] <= limit:
             ties += 1
-        if ties > 1:
+        if ties > 1 and placing:
+            activity = self._cost.activity
+            head = ranking[:ties]
+            self._rng.shuffle(head)  # equals in activity and match: no pod favoured by place
+            head.sort(key=lambda pod: (round(activity(pod.pod.name), 1), -matched(pod.pod.name)))
+            ranking[:ties] = head
+        elif ties > 1:
             # Near-equal predictions: keep the cache warm where it already is; among pods
             # that hold as much, a random one (no pod is favoured by its place in the list).
             head = sorted(ranking[:ties], key=lambda pod: -matched(pod.pod.name))

@@ -24,6 +24,9 @@ class RoutingRequest:
     slo_ttft_s: float | None = None
     """The client's time-to-first-token objective (`x-slo-ttft-ms`), if any."""
     streamed: bool = True
+    opens_conversation: bool = False
+    """A chat's first turn (no assistant or tool message yet): where it goes, its later
+    turns follow, so its pod is a placement, not just this request's fastest answer."""
     state: CycleState = field(default_factory=lambda: CycleState())
     """Scratch space of this decision, shared by its plugins."""
 

@@ -242,3 +242,52 @@ def test_a_stale_pod_is_probed_now_and_then_and_a_busy_one_never() -> None:
     busy = cost.start(cost.predict("unlucky", 1000, 0.0), streamed=True)
     assert firsts(200)["unlucky"] == 0  # in use: never probed
     cost.finish(busy)
+
+
+def test_pods_never_answered_follow_the_fleets_live_model() -> None:
+    """Before its first answer a pod is predicted with the fleet's model as it is now, not
+    as it was when the pod was first seen: with a pessimistic prior, the first pod to
+    answer would otherwise look faster than every other and take every request."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    for name in ("a", "b"):
+        cost.predict(name, 1000, 0.0)  # both seen at once, at the prior
+    for _ in range(100):
+        serve(cost, clock, "a", 1000, 0.030)  # far faster than the prior says
+    assert cost.predict("b", 1000, 0.0).ttft_s == pytest.approx(
+        cost.predict("a", 1000, 0.0).ttft_s, rel=0.1
+    )
+    serve(cost, clock, "b", 1000, 0.030)  # its own model then starts from the fleet's
+    assert cost.predict("b", 1000, 0.0).ttft_s == pytest.approx(0.030, rel=0.2)
+
+
+def test_first_turns_are_placed_by_activity_despite_a_shared_prefix() -> None:
+    """A new conversation does not follow its system prompt to the one pod that holds it
+    (where all its later turns would then pile up): pods are ranked as if each held the
+    shared prefix and the least active within the tolerance gets it. A later turn, whose
+    conversation the holder alone has, stays there."""
+    clock = Clock()
+    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
+    names = ("holder", "other")
+    for name in names:
+        table.register_pod(name, MODEL, publishes_events=False)
+    system = list(range(1, 1 + 64 * BLOCK))
+    table.add_prefix("holder", ModelContext(MODEL), table.prefix_hashes(system))
+    cost = _trained_fleet(clock, dict.fromkeys(names, 1.0))
+    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0))
+    pods = [pod(name) for name in names]
+
+    def place(prompt: list[int], *, opens: bool) -> str:
+        hashes = table.prefix_hashes(prompt)
+        match = table.match(ModelContext(MODEL), hashes, list(names))
+        req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
+                             prompt_tokens=len(prompt), opens_conversation=opens)  # fmt: skip
+        chosen = picker.rank(req, pods, {})[0].name
+        cost.finish(cost.start(req.state.predictions[chosen], streamed=True))
+        clock.now += 0.2
+        return chosen
+
+    first_turns = Counter(place(system + [10_000 + i] * 3 * BLOCK, opens=True) for i in range(10))
+    assert first_turns == {"holder": 5, "other": 5}
+    later = Counter(place(system + [20_000 + i] * 3 * BLOCK, opens=False) for i in range(4))
+    assert later == {"holder": 4}  # no placement: the cache saving decides

@@ -127,3 +127,33 @@ async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGatewa
             }  # fmt: skip
             total = sum(prediction["terms_ms"].values())
             assert abs(total - pod["predicted_ttft_ms"]) < 1e-6
+
+
+async def test_new_conversations_spread_and_their_later_turns_stay(
+    start_gateway: StartGateway,
+) -> None:
+    """Conversations sharing one system prompt: the first turns spread over both engines
+    (placement), each later turn goes where its conversation is."""
+    gw = await start_gateway(engines=2)
+    system = {"role": "system", "content": "You are a careful assistant. " * 60}
+    homes: dict[int, str] = {}
+
+    async def send(messages: list[dict[str, str]]) -> str:
+        body = {"model": MODEL, "messages": messages, "max_tokens": 4, "stream": True}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            await response.aread()
+            assert response.status_code == 200
+            return response.headers["x-kvgate-pod"]
+
+    async with gw.client() as client:
+        for i in range(6):
+            homes[i] = await send([system, {"role": "user", "content": f"question {i} " * 30}])
+        assert set(homes.values()) == {"e0", "e1"}
+        for i, home in homes.items():
+            again = [
+                system,
+                {"role": "user", "content": f"question {i} " * 30},
+                {"role": "assistant", "content": "an answer"},
+                {"role": "user", "content": f"and a follow-up {i} " * 10},
+            ]
+            assert await send(again) == home
