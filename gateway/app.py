@@ -27,7 +27,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway import admin, api
-from gateway.discovery import Discovery, KubernetesDiscovery, StaticFileDiscovery
+from gateway.discovery import (
+    Discovery,
+    KubernetesDiscovery,
+    StaticFileDiscovery,
+    run_resynced,
+)
 from gateway.errors import GatewayError
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
@@ -214,7 +219,9 @@ async def _start(
     stack.push_async_callback(background.stop)
     discovery_task = background.start(
         "discovery",
-        lambda: discovery.run(registry, gateway.discovery_ready),
+        lambda: run_resynced(
+            discovery, registry, lambda: [s.name for s in registry.all()], gateway.discovery_ready
+        ),
         restart_if=gateway.discovery_ready.is_set,  # a first load that fails stops start-up
     )
     await _wait_for_discovery(gateway.discovery_ready, discovery_task)

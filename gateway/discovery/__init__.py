@@ -1,6 +1,6 @@
 """Where pods come from: a static file, or the Kubernetes API."""
 
-from gateway.discovery.base import Discovery, PodListener, sync_pods
+from gateway.discovery.base import Discovery, PodListener, run_resynced, sync_pods
 from gateway.discovery.kubernetes import KubernetesDiscovery
 from gateway.discovery.pods import Pod, parse_pods
 from gateway.discovery.static import StaticFileDiscovery, load_pods_file
@@ -13,5 +13,6 @@ __all__ = [
     "StaticFileDiscovery",
     "load_pods_file",
     "parse_pods",
+    "run_resynced",
     "sync_pods",
 ]

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from gateway.discovery.pods import Pod
+
+logger = logging.getLogger(__name__)
 
 
 class PodListener(Protocol):
@@ -39,3 +44,53 @@ async def sync_pods(listener: PodListener, current: dict[str, Pod], wanted: list
         if current.get(name) != pod:
             current[name] = pod
             await listener.upsert_pod(pod)
+
+
+class _ReportedNames:
+    """Passes a discovery run's reports on, remembering which pods it reported."""
+
+    def __init__(self, listener: PodListener) -> None:
+        self._listener = listener
+        self.names: set[str] = set()
+
+    async def upsert_pod(self, pod: Pod) -> None:
+        self.names.add(pod.name)
+        await self._listener.upsert_pod(pod)
+
+    async def remove_pod(self, name: str) -> None:
+        self.names.discard(name)
+        await self._listener.remove_pod(name)
+
+
+async def run_resynced(
+    discovery: Discovery,
+    listener: PodListener,
+    known: Callable[[], Iterable[str]],
+    ready: asyncio.Event,
+) -> None:
+    """One discovery run that, once its first load is in, removes the pods the listener
+    still `known`s but the run did not report. A run restarted after a failure starts from
+    nothing: without this, a pod that left while discovery was down would stay routable.
+    `ready` is set after that first load (and stays set across restarts)."""
+    reported = _ReportedNames(listener)
+    loaded = asyncio.Event()
+    run = asyncio.ensure_future(discovery.run(reported, loaded))
+    try:
+        waiter = asyncio.ensure_future(loaded.wait())
+        try:
+            await asyncio.wait({run, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not loaded.is_set():
+            run.result()  # its error
+            raise RuntimeError("discovery ended before its first load")
+        for name in [name for name in known() if name not in reported.names]:
+            logger.info("pod %s left while discovery was down: removed", name)
+            await listener.remove_pod(name)
+        ready.set()
+        await run
+    finally:
+        if not run.done():
+            run.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await run

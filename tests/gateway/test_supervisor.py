@@ -4,12 +4,20 @@ a failure before the task ever worked (start-up) ends it with its error."""
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway.app import create_app
+from gateway.discovery import PodListener, StaticFileDiscovery
+from gateway.server import GatewayServer
+from gateway.settings import Settings
 from gateway.supervisor import Supervisor
-from tests.gateway.conftest import StartGateway
+from tests.conftest import StartEngine
+from tests.gateway.conftest import MODEL, StartGateway, pod_entry
 from tests.helpers import eventually
 
 
@@ -71,3 +79,55 @@ async def test_ready_is_503_while_discovery_waits_for_its_restart(
 
 async def _status(client: object, code: int) -> bool:
     return (await client.get("/ready")).status_code == code  # type: ignore[attr-defined]
+
+
+class BreakableDiscovery:
+    """The real file discovery, failing (as a bug or a revoked permission would) once
+    `broken` is set: at once while it stays set, including in every restarted run."""
+
+    def __init__(self, path: Path) -> None:
+        self._inner = StaticFileDiscovery(path, poll_interval_s=0.1)
+        self.broken = asyncio.Event()
+
+    async def run(self, listener: PodListener, ready: asyncio.Event) -> None:
+        if self.broken.is_set():
+            raise RuntimeError("discovery failed")
+        inner = asyncio.ensure_future(self._inner.run(listener, ready))
+        try:
+            await self.broken.wait()
+        finally:
+            inner.cancel()
+        raise RuntimeError("discovery failed")
+
+
+async def test_a_pod_that_left_while_discovery_was_down_is_removed_on_its_restart(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engines = [await start_engine(name=f"e{i}") for i in range(2)]
+    pods_file = tmp_path / "pods.json"
+    pods_file.write_text(json.dumps({"pods": [pod_entry(engine) for engine in engines]}))
+    discovery = BreakableDiscovery(pods_file)
+    app = create_app(
+        Settings(pods_file=pods_file, scrape_interval_s=0.2, kv_event_sync=False),
+        discovery=discovery,
+        registry=CollectorRegistry(),
+    )
+    server = GatewayServer(app)
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            await eventually(lambda: _status(client, 200), what="ready")
+            registry = app.state.gateway.registry
+            assert sorted(state.name for state in registry.all()) == ["e0", "e1"]
+            discovery.broken.set()
+            await eventually(lambda: _status(client, 503), what="unready while down")
+            pods_file.write_text(json.dumps({"pods": [pod_entry(engines[0])]}))  # e1 left
+            discovery.broken.clear()
+            await eventually(lambda: _status(client, 200), within=15, what="ready again")
+            assert [state.name for state in registry.all()] == ["e0"]
+            answer = await client.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2}
+            )
+            assert answer.status_code == 200 and answer.headers["x-kvgate-pod"] == "e0"
+    finally:
+        await server.stop()
