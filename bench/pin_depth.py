@@ -190,7 +190,7 @@ async def _caught_up(
         published = (await client.get(f"{engine}/sim/stats")).json()["publisher"]["next_seq"]
         pods = (await client.get(f"{gateway}/admin/pods", headers=admin)).json()["pods"]
         subscriber = pods[0]["subscriber"] or {}
-        return subscriber.get("last_seq") == published - 1
+        return bool(subscriber.get("last_seq") == published - 1)
 
     await _eventually(applied, "the gateway applied the flood's events")
 

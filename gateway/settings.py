@@ -135,8 +135,9 @@ class Settings:
         values["discovery"] = reader.get(
             "KVGATE_DISCOVERY", _choice(DISCOVERIES), "static", _one_of(DISCOVERIES)
         )
+        every_namespace: tuple[str, ...] = ()
         values["k8s_namespaces"] = reader.get(
-            "KVGATE_K8S_NAMESPACES", _namespaces, (), "comma-separated namespace names"
+            "KVGATE_K8S_NAMESPACES", _namespaces, every_namespace, "comma-separated namespace names"
         )
         values["k8s_label_selector"] = reader.get(
             "KVGATE_K8S_LABEL_SELECTOR", str, "model.aibrix.ai/name", "a label selector"

@@ -15,7 +15,7 @@ fi
 
 echo "== ruff check" && ruff check .
 echo "== ruff format --check" && ruff format --check .
-echo "== mypy --strict indexer/ subscriber/ simulator/" && mypy --strict indexer/ subscriber/ simulator/
+echo "== mypy --strict" && mypy --strict indexer/ subscriber/ simulator/ gateway/ bench/
 # Fails only on a known vulnerability; says "skipped" when no vulnerability database answers.
 echo "== dependency audit" && python scripts/audit_deps.py
 echo "== pytest"

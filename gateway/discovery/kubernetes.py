@@ -47,11 +47,11 @@ def load_api_client(env: Mapping[str, str] = os.environ) -> ApiClient:
 
     configuration = client.Configuration()
     try:
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]  # kubernetes: untyped
     except config.ConfigException as in_cluster:
         kubeconfig = env.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
         try:
-            config.load_kube_config(
+            config.load_kube_config(  # type: ignore[no-untyped-call]  # kubernetes: untyped
                 config_file=kubeconfig, client_configuration=configuration, persist_config=False
             )
         except (config.ConfigException, OSError, ValueError) as exc:
@@ -163,7 +163,7 @@ class KubernetesDiscovery:
         finally:
             await _stop(watchers)
             if self._close_client:
-                self._api_client.close()
+                self._api_client.close()  # type: ignore[no-untyped-call]  # kubernetes: untyped
 
     def resource_versions(self) -> dict[str, str | None]:
         """Per namespace, the resourceVersion the watch resumes from (None: listing)."""

@@ -203,7 +203,7 @@ class NamespaceWatcher:
 
         received = False
         try:
-            for line in iter_resp_lines(response):
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]  # kubernetes: untyped
                 received = True
                 if self._stopping.is_set():
                     break
