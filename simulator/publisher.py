@@ -61,6 +61,10 @@ class EventPublisher:
         self._pub: zmq.asyncio.Socket | None = None
         self._router: zmq.asyncio.Socket | None = None
         self._replay_task: asyncio.Task[None] | None = None
+        self._subscriptions_task: asyncio.Task[None] | None = None
+        self.subscriptions = 0
+        """SUBSCRIBE messages received on the events socket (any topic, every subscriber):
+        a client can wait for its subscription to arrive instead of sleeping."""
         self.next_seq = 0
         self.events_endpoint = events_endpoint
         self.replay_endpoint = replay_endpoint
@@ -72,10 +76,15 @@ class EventPublisher:
         """Open both sockets (retrying a recently released port briefly) and serve replays."""
         self.next_seq = 0
         self._buffer.clear()
-        pub = self._ctx.socket(zmq.PUB)
+        # XPUB: a PUB on the wire (any SUB takes it) that also hands us each SUBSCRIBE.
+        pub = self._ctx.socket(zmq.XPUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, 100_000)
+        pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's SUBSCRIBE, not only the first
         self._pub = pub
+        self._subscriptions_task = asyncio.create_task(
+            self._count_subscriptions(pub), name="subscriptions"
+        )
         if should_bind(self._events_config, self._mode):
             await _bind(pub, bindable(self._events_config))
             self.events_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -90,11 +99,12 @@ class EventPublisher:
             self._replay_task = asyncio.create_task(self._serve_replay(router), name="replay")
 
     async def stop(self) -> None:
-        if self._replay_task is not None:
-            self._replay_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._replay_task
-            self._replay_task = None
+        for task in (self._replay_task, self._subscriptions_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._replay_task = self._subscriptions_task = None
         for sock in (self._pub, self._router):
             if sock is not None:
                 sock.close(linger=0)
@@ -124,6 +134,12 @@ class EventPublisher:
         await self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
         self.sent_batches += 1
         return seq
+
+    async def _count_subscriptions(self, pub: zmq.asyncio.Socket) -> None:
+        while True:
+            message = await pub.recv()
+            if message[:1] == b"\x01":
+                self.subscriptions += 1
 
     async def _serve_replay(self, router: zmq.asyncio.Socket) -> None:
         while True:

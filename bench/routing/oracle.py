@@ -45,8 +45,11 @@ class Engine:
     events: str
     blocks: set[int] = field(default_factory=set)
     inflight: int = 0
+    batches: int = 0
+    """Event batches received (any: a reset's AllBlocksCleared shows the subscription is live)."""
 
     def apply(self, payload: bytes) -> None:
+        self.batches += 1
         for event in decode_batch(payload).events:
             if isinstance(event, BlockStored):
                 self.blocks.update(_key(h) for h in event.block_hashes)

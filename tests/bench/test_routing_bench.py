@@ -98,10 +98,18 @@ async def test_oracle_sees_what_each_engine_caches(
     listener = asyncio.create_task(oracle.listen(context, ready))
     try:
         await ready.wait()
-        await asyncio.sleep(0.2)  # ZMQ subscriptions propagate before the first event
         body = {"model": "sim-model", "messages": [{"role": "user", "content": "the " * 80}]}
         keys = oracle.keys(body)
         async with httpx.AsyncClient(timeout=10) as client:
+
+            async def subscribed() -> bool:
+                # A subscription reaches a PUB some time after connecting (ZMQ's slow
+                # joiner): reset the (empty) caches until each reset's event arrives.
+                for server in engines:
+                    await client.post(f"{server.url}/reset_prefix_cache")
+                return all(engine.batches for engine in oracle.engines)
+
+            await eventually(subscribed, what="the oracle's subscriptions are live")
             response = await client.post(
                 f"{engines[1].url}/v1/chat/completions", json={**body, "max_tokens": 2}
             )

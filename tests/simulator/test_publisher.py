@@ -17,6 +17,7 @@ from simulator import EngineServer
 from simulator.wire import BlockRemoved, BlockStored, KVEvent, decode_batch
 from tests.conftest import StartEngine
 from tests.golden import FRAMES as GOLDEN
+from tests.helpers import eventually
 
 END = b"\xff" * 8
 PROMPT = "You are a helpful assistant for the golden capture. " * 6
@@ -57,8 +58,11 @@ async def subscribe(ctx: Sockets, server: EngineServer) -> zmq.asyncio.Socket:
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(server.engine.publisher.events_endpoint)
-    await asyncio.sleep(0.3)  # let the subscription reach the PUB (ZMQ slow joiner)
+    publisher = server.engine.publisher
+    before = publisher.subscriptions
+    sub.connect(publisher.events_endpoint)
+    # A subscription reaches the publisher some time after connecting (ZMQ's slow joiner).
+    await eventually(lambda: publisher.subscriptions > before, what="subscription arrived")
     return sub
 
 
