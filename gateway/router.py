@@ -113,7 +113,7 @@ class Router:
         context = _context(model, serving)
         hashes: list[int] = []
         tokens: list[int] | None = None
-        if (profile.uses_prefix or dry_run) and self._tokenizer is not None:
+        if profile.uses_prefix or dry_run:
             tokens = await self._tokenize(kind, body, serving)
             if tokens is not None:
                 self._check_prompt_length(kind, len(tokens))
@@ -211,7 +211,7 @@ class Router:
         """The prompt's context and token ids as the engines tokenize it (cached), or None
         when the model is unknown or the prompt cannot be tokenized."""
         serving = self._registry.serving(body["model"])
-        if not serving or self._tokenizer is None:
+        if not serving:
             return None
         tokens = await self._tokenize(kind, body, serving)
         return None if tokens is None else (_context(body["model"], serving), tokens)
@@ -233,7 +233,6 @@ class Router:
     async def _tokenize(
         self, kind: Kind, body: Mapping[str, Any], serving: list[PodState]
     ) -> list[int] | None:
-        assert self._tokenizer is not None
         started = self._clock()
         try:
             what = (
@@ -242,7 +241,9 @@ class Router:
                 else TokenizeInput.for_completion(body)
             )
             if isinstance(what, list):
-                return what
+                return what  # token ids: nothing to tokenize, with or without a tokenizer
+            if self._tokenizer is None:
+                return None
             before = self._tokenizer.hits
             pods = [(s.pod.url, s.pod.engine) for s in serving if s.pod.ready and s.healthy]
             tokens = await self._tokenizer.tokenize(what, pods)

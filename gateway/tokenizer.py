@@ -53,7 +53,7 @@ class TokenizeInput:
         prompt = request.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one prompt
-        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
             return list(prompt)  # already token ids
         if not isinstance(prompt, str):
             raise TokenizerError("only a single prompt (text or token ids) can be matched")

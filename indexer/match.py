@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
 
+_GPU, _CPU, _STORAGE, _EXPECTED = Tier.GPU, Tier.CPU, Tier.STORAGE, Tier.EXPECTED
+
 
 @dataclass(frozen=True, slots=True)
 class MatchResult:
@@ -22,6 +24,8 @@ class MatchResult:
     blocks: Mapping[str, int]
     _bits: Mapping[str, int] = field(default_factory=dict, repr=False)
     _tiered: tuple[tuple[int, tuple[int, ...]], ...] = field(default=(), repr=False)
+    _off_gpu: int = field(default=0, repr=False)
+    """Pods (bits) holding some tiered block off-GPU or merely expecting it."""
 
     def matched(self, pod: str) -> int:
         return self.blocks.get(pod, 0)
@@ -36,6 +40,11 @@ class MatchResult:
         if self.prompt_blocks == 0:
             return 0.0
         return self.matched(pod) / self.prompt_blocks
+
+    def tiered(self, pod: str) -> bool:
+        """Whether some matched block of `pod` may sit off-GPU (or only be expected);
+        False means every block `pod` matched is on its GPU (`tier_counts` is trivial)."""
+        return bool(self._off_gpu & self._bits.get(pod, 0))
 
     def tiers(self, pod: str) -> list[Tier]:
         """The tier of each matched block of `pod`, in prompt order."""
@@ -54,6 +63,8 @@ class MatchResult:
         count = self.matched(pod)
         counts[Tier.GPU] = count
         bit = self._bits.get(pod, 0)
+        if not self._off_gpu & bit:
+            return counts
         for index, masks in self._tiered:
             if index >= count:
                 break
@@ -117,6 +128,7 @@ def match_prefix(
     store.last_access = now
     get = store.blocks.get
     ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
+    off_gpu = 0
     tiered: list[tuple[int, tuple[int, ...]]] = []
     index = 0
     for gw_hash in prefix_hashes:
@@ -130,8 +142,10 @@ def match_prefix(
             ends.append((index, alive ^ held))
             alive = held
         block.last_access = now
-        if block.masks is not None:
-            tiered.append((index, tuple(block.masks)))
+        masks = block.masks
+        if masks is not None:
+            tiered.append((index, tuple(masks)))
+            off_gpu |= (masks[_CPU] | masks[_STORAGE] | masks[_EXPECTED]) & ~masks[_GPU]
         index += 1
     ends.append((index, alive))
     matched = dict.fromkeys(bits, 0)
@@ -140,4 +154,4 @@ def match_prefix(
             if mask & bit:
                 matched[name] = length
                 break
-    return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered))
+    return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered), off_gpu)

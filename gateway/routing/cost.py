@@ -230,12 +230,16 @@ class CostModel:
         scraped_at: float | None = None,
         running: float = 0.0,
         waiting: float = 0.0,
+        *,
+        now: float | None = None,
     ) -> Prediction:
         """Predicted TTFT of a new request on `pod` given how much of its prompt the pod
         holds (`cached_tokens`, already weighted by tier load cost), and the engine's own
-        running and waiting counts at its last scrape (every gateway replica's requests)."""
-        work = self._work(pod)
-        now = self._clock()
+        running and waiting counts at its last scrape (every gateway replica's requests).
+        `now`: the decision's time, when it predicts many pods at once."""
+        work = self._pods.get(pod) or self._work(pod)
+        if now is None:
+            now = self._clock()
         if work.unobserved:
             self._expire(work, now)
         queued = work.prefill_tokens
@@ -263,6 +267,10 @@ class CostModel:
             + theta[3] * decoding / _SEQ_UNIT
         )
         return Prediction(pod, ttft, own, queued, queued_requests, decoding, tuple(theta))
+
+    def now(self) -> float:
+        """The model's clock."""
+        return self._clock()
 
     def cached_tokens(self, gpu: int, cpu: int, storage: int, expected: int, block: int) -> float:
         """Tokens a pod need not prefill, from its matched blocks per tier."""

@@ -24,22 +24,23 @@ def predict_all(
     if not missing:
         return predictions
     match = request.match
-    tiered = match is not None and match.has_tiers
     tokens = request.prompt_tokens
+    now = cost.now()
+    predict = cost.predict
     for pod in missing:
+        name = pod.name
         if match is None:
             cached = 0.0
-        elif not tiered:
-            cached = float(match.matched(pod.name) * block_size)
+        elif not match.tiered(name):
+            cached = float(match.matched(name) * block_size)
         else:
-            counts = match.tier_counts(pod.name)
+            counts = match.tier_counts(name)
             cached = cost.cached_tokens(
                 counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE],
                 counts[Tier.EXPECTED], block_size,
             )  # fmt: skip
-        name = pod.pod.name
-        predictions[name] = cost.predict(name, tokens, cached, pod.scraped_at, pod.running,
-                                         pod.waiting)  # fmt: skip
+        predictions[name] = predict(name, tokens, cached, pod.scraped_at, pod.running,
+                                    pod.waiting, now=now)  # fmt: skip
     return predictions
 
 

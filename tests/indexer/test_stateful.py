@@ -275,6 +275,9 @@ class IndexMachine(RuleBasedStateMachine):
                     expected_tiers.append(tier)
                 assert result.matched(pod) == len(expected_tiers), (pod, prompt)
                 assert result.tiers(pod) == expected_tiers, (pod, prompt)
+                counts = result.tier_counts(pod)  # its fast path when all on GPU
+                assert counts == {t: expected_tiers.count(t) for t in Tier}, (pod, prompt)
+                assert result.tiered(pod) or set(expected_tiers) <= {Tier.GPU}, (pod, prompt)
 
 
 IndexMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
