@@ -110,11 +110,15 @@ class Prediction(NamedTuple):
 class TtftModel:
     """One pod's (or the fleet's) linear TTFT model, fitted by weighted RLS."""
 
-    __slots__ = ("_max_trace", "_p", "_params", "observations", "residual_scale", "theta")
+    __slots__ = (
+        "_max_trace", "_p", "_params", "coefficients", "observations", "residual_scale", "theta"
+    )  # fmt: skip
 
     def __init__(self, params: CostParams, theta: Iterable[float] | None = None) -> None:
         self._params = params
         self.theta = list(theta if theta is not None else params.prior)
+        self.coefficients = tuple(self.theta)
+        """θ as a tuple (what predictions carry; remade after each update)."""
         n = len(self.theta)
         self._p = [[params.prior_strength if i == j else 0.0 for j in range(n)] for i in range(n)]
         self._max_trace = _MAX_TRACE_FACTOR * n * params.prior_strength
@@ -150,6 +154,7 @@ class TtftModel:
         theta = self.theta
         for i in range(n):
             theta[i] = max(0.0, theta[i] + gain[i] * residual)  # more work never costs less
+        self.coefficients = tuple(theta)
         for i in range(n):
             gi = gain[i]
             row = p[i]
@@ -259,14 +264,14 @@ class CostModel:
                 decoding += others - others_waiting
         own = max(0.0, prompt_tokens - cached_tokens)
         model = work.model if work.model.observations else self.fleet
-        theta = model.theta
+        theta = model.coefficients
         ttft = (
             theta[0]
             + theta[1] * (own + queued) / _TOKEN_UNIT
             + theta[2] * queued_requests / _SEQ_UNIT
             + theta[3] * decoding / _SEQ_UNIT
         )
-        return Prediction(pod, ttft, own, queued, queued_requests, decoding, tuple(theta))
+        return Prediction(pod, ttft, own, queued, queued_requests, decoding, theta)
 
     def now(self) -> float:
         """The model's clock."""
@@ -331,6 +336,7 @@ class CostModel:
             if work is not None:
                 if not work.model.observations:
                     work.model.theta = list(self.fleet.theta)
+                    work.model.coefficients = self.fleet.coefficients
                 work.model.learn(x, observed)
             self.fleet.learn(x, observed)
         return observed
@@ -377,7 +383,8 @@ class CostModel:
     def coefficients(self, pod: str) -> tuple[float, ...]:
         """The pod's learned coefficients (the fleet's for a pod not routed to yet)."""
         work = self._pods.get(pod)
-        return tuple((work.model if work is not None else self.fleet).theta)
+        answered = work is not None and work.model.observations
+        return (work.model if answered and work is not None else self.fleet).coefficients
 
     def outstanding(self, pod: str) -> tuple[float, int, int]:
         """(queued prefill tokens, requests prefilling, requests decoding) of ours on `pod`."""

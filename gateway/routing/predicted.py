@@ -20,7 +20,7 @@ def predict_all(
 ) -> dict[str, Prediction]:
     """Each candidate's predicted TTFT for this request (computed once per decision)."""
     predictions = request.state.predictions
-    missing = [pod for pod in pods if pod.name not in predictions]
+    missing = [pod for pod in pods if pod.pod.name not in predictions]
     if not missing:
         return predictions
     match = request.match
@@ -28,11 +28,11 @@ def predict_all(
     now = cost.now()
     predict = cost.predict
     for pod in missing:
-        name = pod.name
+        name = pod.pod.name
         if match is None:
             cached = 0.0
         elif not match.tiered(name):
-            cached = float(match.matched(name) * block_size)
+            cached = float(match.blocks.get(name, 0) * block_size)
         else:
             counts = match.tier_counts(name)
             cached = cost.cached_tokens(
