@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from bench.results_io import RESULTS_DIR
+from gateway.routing.config import load_specs
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--quick", action="store_true", help="a tiny workload (seconds; for tests)")
     add("--out", type=Path, default=RESULTS_DIR / "demo", help="directory for JSON + PNG")
     add("--quiet", action="store_true", help="no progress bar or status lines")
+    add("--policies", default="round-robin,prefix-cache",
+        help="BASELINE,CANDIDATE: the two routing policies compared, in that order "
+        "(default round-robin,prefix-cache)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         "--time-scale": args.time_scale is not None and args.time_scale <= 0,
         "--port": not 0 <= args.port < 65536,
     }
+    policies = tuple(args.policies.split(","))
+    errors["--policies"] = len(policies) != 2 or not set(policies) <= set(load_specs(None))
     bad = [name for name, wrong in errors.items() if wrong]
     if bad:
         print(f"kvgate demo: invalid value for {', '.join(bad)}")
@@ -63,5 +69,6 @@ def run(args: argparse.Namespace) -> int:
         serve=not args.no_serve,
         quiet=args.quiet,
         progress=not args.quiet and stderr_is_tty(),
+        policies=(policies[0], policies[1]),
     )
     return run_demo(options)

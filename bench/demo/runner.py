@@ -33,6 +33,7 @@ from bench.results_io import write_json
 from bench.workloads import ChatWorkload
 
 POLICIES = ("round-robin", "prefix-cache")
+"""The default comparison: the baseline first, then the policy it is compared with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class DemoOptions:
     serve: bool
     quiet: bool
     progress: bool
+    policies: tuple[str, str] = POLICIES
+    """(baseline, candidate): the table's two columns, run in this order."""
 
 
 @dataclass(slots=True)
@@ -110,14 +113,14 @@ async def _demo(options: DemoOptions, stop: asyncio.Event, phase: _Phase) -> int
         await admin.wait_whole()
         _say(options, f"gateway {gateway.url}: {len(fleet.endpoints)} pods, subscribers whole")
         runs: list[tuple[RunSummary, list[RequestRecord]]] = []
-        for policy in POLICIES:
+        for policy in options.policies:
             runs.append(await _run_policy(options, policy, workload, fleet, admin, client,
                                           gateway.url))  # fmt: skip
         (base, _), (best, _) = runs
         print()
         print(f"kvgate demo: {workload.requests} requests per policy, {plan.engines} engines")
         print(format_table(base, best))
-        print(f"\n=> prefix-cache vs round-robin: {headline(base, best)}")
+        print(f"\n=> {best.policy} vs {base.policy}: {headline(base, best)}")
         paths = _write_results(options.out_dir, plan, spec, runs)
         print("results: " + ", ".join(str(p) for p in paths))
         errors = base.errors + best.errors

@@ -64,6 +64,28 @@ def test_demo_no_serve_prints_the_table_and_writes_results(tmp_path: Path) -> No
         assert all(record["error"] is None for record in run["records"])
 
 
+def test_demo_compares_the_policies_it_is_given(tmp_path: Path) -> None:
+    chosen = ["prefix-share", "prefix-cache"]
+    out = subprocess.run(
+        [*DEMO, "--no-serve", "--out", str(tmp_path), "--policies", ",".join(chosen)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    header = next(line for line in out.stdout.splitlines() if "prefix-share" in line)
+    assert header.split() == chosen + ["change"]
+    assert "=> prefix-cache vs prefix-share" in out.stdout
+    assert list(json.loads((tmp_path / "demo.json").read_text())["runs"]) == chosen
+    refused = subprocess.run(
+        [*DEMO, "--no-serve", "--policies", "round-robin,no-such-policy"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2 and "--policies" in refused.stdout
+
+
 def test_demo_serves_until_ctrl_c_and_leaves_no_process(tmp_path: Path) -> None:
     demo = subprocess.Popen(
         [*DEMO, "--out", str(tmp_path), "--quiet"],
