@@ -33,6 +33,16 @@ def _names(known: tuple[str, ...]) -> type:
     return parse  # type: ignore[return-value]
 
 
+def _ints(raw: str) -> list[int]:
+    try:
+        values = [int(v) for v in raw.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError("comma-separated counts, e.g. 1,3") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("counts of at least 1")
+    return values
+
+
 def _floats(raw: str) -> list[float]:
     try:
         values = [float(v) for v in raw.split(",") if v.strip()]
@@ -65,6 +75,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "(fed by the engines' KV events), from bench/.venvs",
     )
     add("--engines", type=int, default=8, help="simulated engines, one process each (8)")
+    add(
+        "--replicas",
+        type=_ints,
+        default=[1],
+        metavar="N[,N...]",
+        help="run kvgate's policies with N gateway replicas in front of the fleet, requests "
+        "spread over them one by one; a list runs each (e.g. 1,3; default 1)",
+    )
     add(
         "--load",
         type=float,
@@ -117,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         "--turns": args.turns is not None and args.turns < 1,
         "--time-scale": args.time_scale is not None and args.time_scale <= 0,
         "--wall-rate": args.wall_rate <= 0,
+        "--replicas": not args.replicas or min(args.replicas) < 1,
     }
     bad = [name for name, wrong in checks.items() if wrong]
     if bad:
@@ -144,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         workloads=list(args.workloads),
         routers=routers,
         engines=args.engines,
+        replicas=list(args.replicas),
         loads=loads,
         mode="closed" if args.closed else "open",
         concurrency=args.closed or 0,

@@ -24,6 +24,7 @@ import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,33 @@ class LoadSpec:
     concurrency: int
     time_scale: float
     timeout_s: float = 120.0
+    replica_urls: tuple[str, ...] = ()
+    """Several gateway replicas: requests go to them in turn, each request to the next
+    (an L7 balancer in front of their Service); empty: all to `router_url`."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LoadSpec:
-        return cls(**{**data, "size": WorkloadSize(**data["size"])})
+        replicas = tuple(data.get("replica_urls", ()))
+        return cls(**{**data, "size": WorkloadSize(**data["size"]), "replica_urls": replicas})
+
+    def urls(self) -> RouterUrls:
+        return RouterUrls(self.replica_urls or (self.router_url,))
+
+
+class RouterUrls:
+    """Where each request goes: the replicas in turn, one request each."""
+
+    def __init__(self, urls: tuple[str, ...]) -> None:
+        self._urls = urls
+        self._sent = 0
+
+    def __call__(self) -> str:
+        url = self._urls[self._sent % len(self._urls)]
+        self._sent += 1
+        return url
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +116,11 @@ class _Stream:
 
 
 async def send(
-    client: httpx.AsyncClient, spec: LoadSpec, conversation: Conversation, index: int
+    client: httpx.AsyncClient,
+    spec: LoadSpec,
+    conversation: Conversation,
+    index: int,
+    router: Callable[[], str],
 ) -> Record:
     turn = conversation.turns[index]
     body = {
@@ -111,7 +136,7 @@ async def send(
     status, error = 0, None
     predicted: float | None = None
     try:
-        url = f"{spec.router_url}/v1/chat/completions"
+        url = f"{router()}/v1/chat/completions"
         async with client.stream("POST", url, json=body, headers=headers) as response:
             status = response.status_code
             predicted = _seconds(response.headers.get("x-kvgate-predicted-ttft-ms"))
@@ -164,10 +189,11 @@ async def run(spec: LoadSpec, script: Script) -> list[Record]:
     scale = spec.time_scale
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
+    router = spec.urls()
 
     async def converse(client: httpx.AsyncClient, conversation: Conversation) -> None:
         for index, turn in enumerate(conversation.turns):
-            records.append(await send(client, spec, conversation, index))
+            records.append(await send(client, spec, conversation, index, router))
             if index + 1 < len(conversation.turns):
                 await asyncio.sleep(turn.think_s / scale)
 
@@ -175,7 +201,7 @@ async def run(spec: LoadSpec, script: Script) -> list[Record]:
         if spec.mode == "open":
 
             async def one(conversation: Conversation, index: int) -> None:
-                records.append(await send(client, spec, conversation, index))
+                records.append(await send(client, spec, conversation, index, router))
 
             origin = time.perf_counter()
             async with asyncio.TaskGroup() as group:

@@ -31,7 +31,7 @@ def format_table(results: Sequence[RunResult]) -> str:
     rows = [header]
     for r in results:
         row = [
-            r.router, f"{r.requests} ({r.errors})", f"{r.hit_rate:.1%}",
+            r.label, f"{r.requests} ({r.errors})", f"{r.hit_rate:.1%}",
             _ms(r.ttft_ms["p50"]), _ms(r.ttft_ms["p90"]), _ms(r.ttft_ms["p99"]),
             _ms(r.itl_ms["p50"]), _ms(r.e2e_ms["p50"]), f"{r.throughput_rps:.2f}",
             f"{r.imbalance:.2f}",
@@ -59,11 +59,19 @@ def title(first: RunResult) -> str:
 def check_targets(results: Sequence[RunResult]) -> list[str]:
     """The routing issue's targets, where this run has what they compare (the default
     policy is `prefix-cache`)."""
+    replicated = [r for r in results if r.replicas > 1 and r.router == DEFAULT]
+    results = [r for r in results if r.replicas == 1]
     by = {r.router: r for r in results}
     best = by.get(DEFAULT)
     if best is None or not results:
         return []
     lines: list[str] = []
+    for many in replicated:
+        hit_gap = (best.hit_rate - many.hit_rate) * 100
+        slower = many.ttft_ms["p90"] / best.ttft_ms["p90"] - 1
+        lines.append(_mark(hit_gap <= 2 and slower <= 0.10,
+                           f"{many.replicas} replicas within 2 hit-rate points and 10 % TTFT p90 "
+                           "of one", f"{hit_gap:+.1f} points, TTFT p90 {slower:+.0%}"))  # fmt: skip
     workload = results[0].workload
     ours = best.ttft_ms["p90"]
     others = [r for r in results if r.router not in (DEFAULT, ORACLE)]
@@ -117,7 +125,7 @@ def check_targets(results: Sequence[RunResult]) -> list[str]:
 def prediction_lines(results: Sequence[RunResult]) -> list[str]:
     """Each predicting router's accuracy: observed (client) vs predicted TTFT."""
     return [
-        f"  {r.router}: {int(r.prediction['n'])} requests, |observed − predicted| p50 "
+        f"  {r.label}: {int(r.prediction['n'])} requests, |observed − predicted| p50 "
         f"{r.prediction['abs_err_ms_p50']:,.0f} ms ({r.prediction['rel_err_p50']:.0%}), p90 "
         f"{r.prediction['abs_err_ms_p90']:,.0f} ms ({r.prediction['rel_err_p90']:.0%}), "
         f"bias p50 {r.prediction['bias_ms_p50']:+,.0f} ms"
@@ -162,7 +170,7 @@ def _plot_predictions(
             observed = [max(p[0], 1e-3) for p in points]
             predicted = [max(p[1], 1e-3) for p in points]
             axis.scatter(
-                predicted, observed, s=4, alpha=0.4, label=f"{r.router} ({r.load or 0:.0%})"
+                predicted, observed, s=4, alpha=0.4, label=f"{r.label} ({r.load or 0:.0%})"
             )
             high = max(high, *observed, *predicted)
         axis.plot([1, high], [1, high], color="black", linewidth=0.8, linestyle="--")
@@ -180,7 +188,7 @@ def _plot_predictions(
 
 
 def _key(result: RunResult) -> str:
-    return f"{result.workload}|{result.router}|{result.load}"
+    return f"{result.workload}|{result.label}|{result.load}"
 
 
 def _plot_cdf(path: Path, results: Sequence[RunResult], ttfts: dict[str, list[float]]) -> Path:
@@ -194,7 +202,7 @@ def _plot_cdf(path: Path, results: Sequence[RunResult], ttfts: dict[str, list[fl
             values = sorted(ttfts.get(_key(r), []))
             if r.workload != workload or (r.load or 0.0) != shown or not values:
                 continue
-            axis.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=r.router)
+            axis.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=r.label)
         axis.set_xscale("log")
         axis.set_xlabel("TTFT, model ms (log)")
         axis.set_ylabel("fraction of requests")
@@ -212,11 +220,11 @@ def _plot_vs_load(path: Path, results: Sequence[RunResult]) -> Path:
     workloads = sorted({r.workload for r in results})
     figure, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
     for column, workload in enumerate(workloads):
-        for router in dict.fromkeys(r.router for r in results if r.workload == workload):
+        for router in dict.fromkeys(r.label for r in results if r.workload == workload):
             points = sorted(
                 (r.load or 0.0, r.hit_rate * 100, r.ttft_ms["p90"])
                 for r in results
-                if r.workload == workload and r.router == router
+                if r.workload == workload and r.label == router
             )
             loads = [p[0] * 100 for p in points]
             axes[0][column].plot(loads, [p[1] for p in points], marker="o", label=router)
@@ -249,7 +257,7 @@ def _plot_share(path: Path, results: Sequence[RunResult]) -> Path:
             xs = [i + index * width for i in range(len(runs))]
             axis.bar(xs, [r.engine_share.get(engine, 0) * 100 for r in runs], width)
         axis.set_xticks([i + 0.4 - width / 2 for i in range(len(runs))])
-        axis.set_xticklabels([r.router for r in runs], rotation=30, ha="right", fontsize=8)
+        axis.set_xticklabels([r.label for r in runs], rotation=30, ha="right", fontsize=8)
         if engines:
             axis.axhline(100 / len(engines), color="black", linewidth=0.8, linestyle="--")
         axis.set_ylabel("share of requests, % (one bar per engine)")

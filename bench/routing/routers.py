@@ -132,9 +132,12 @@ def make_router(
     log_dir: Path,
     rng: random.Random,
     block_hash: str = "sim",
+    *,
+    replica: int | None = None,
 ) -> RouterProcess:
+    """Router `name` on a free port; `replica`: one of several kvgate replicas (own log)."""
     port = free_port_block(2, rng)
-    log = log_dir / f"router-{name}.log"
+    log = log_dir / (f"router-{name}.log" if replica is None else f"router-{name}-{replica}.log")
     if name in KVGATE_POLICIES:
         token = secrets.token_urlsafe(12)
         command = [

@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,12 @@ from bench.routing.report import (
     prediction_lines,
     title,
 )
-from bench.routing.routers import make_router, needs_vllm_like_engines
+from bench.routing.routers import (
+    KVGATE_POLICIES,
+    RouterProcess,
+    make_router,
+    needs_vllm_like_engines,
+)
 from bench.routing.script import Script
 from bench.routing.summary import RunResult, summarize
 from bench.routing.workloads import WorkloadSize, build, slowdown
@@ -58,6 +64,8 @@ class RoutingOptions:
     wall_rate: float = 40.0
     slack: float = 1.5
     quiet: bool = False
+    replicas: list[int] = dataclasses.field(default_factory=lambda: [1])
+    """Gateway replicas per run of each of kvgate's policies (each count one run)."""
 
 
 def run_routing(options: RoutingOptions) -> int:
@@ -92,13 +100,14 @@ async def _main(options: RoutingOptions) -> int:
                 for load in points:
                     rate = (load or 0.0) * capacity
                     point: list[RunResult] = []
-                    for router in options.routers:
+                    for router, replicas in _runs(options):
                         result, values, pairs = await _run_one(
-                            options, client, script, plan, engines, pods, router, load, rate
-                        )
+                            options, client, script, plan, engines, pods, router, load, rate,
+                            replicas,
+                        )  # fmt: skip
                         point.append(result)
-                        ttfts[f"{workload}|{router}|{load}"] = values
-                        predictions[f"{workload}|{router}|{load}"] = pairs
+                        ttfts[f"{workload}|{result.label}|{load}"] = values
+                        predictions[f"{workload}|{result.label}|{load}"] = pairs
                         _say(options, _line(result))
                     results.extend(point)
                     print(f"\n{title(point[0])}")
@@ -134,17 +143,26 @@ async def _run_one(
     router_name: str,
     load: float | None,
     rate: float,
+    replicas: int = 1,
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     endpoints = engines.endpoints
     await AdminClient(client, "", "").reset_engine_caches(urls(endpoints))
     logs = options.out_dir / "logs" / script.name
-    router = make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash)
-    await router.start()
+    routers = [
+        make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,
+                    replica=index if replicas > 1 else None)
+        for index in range(replicas)
+    ]  # fmt: skip
+    router = routers[0]
     try:
-        await router.wait_ready(client)
+        for each in routers:
+            await each.start()
+        for each in routers:
+            await each.wait_ready(client)
         before = await read_counters(client, endpoints)
         spec = LoadSpec(
             router_url=router.url,
+            replica_urls=tuple(each.url for each in routers) if replicas > 1 else (),
             model=endpoints[0].model,
             workload=script.name,
             size=options.size,
@@ -154,16 +172,18 @@ async def _run_one(
             concurrency=options.concurrency,
             time_scale=plan.time_scale,
         )
-        cpu_before = (engines.cpu_seconds(), _cpu(router.pid), time.perf_counter())
-        records = await _load(spec, logs / f"load-{router_name}-{load}")
+        cpu_before = (engines.cpu_seconds(), _cpu_of(routers), time.perf_counter())
+        suffix = f"x{replicas}" if replicas > 1 else ""
+        records = await _load(spec, logs / f"load-{router_name}{suffix}-{load}")
         wall = time.perf_counter() - cpu_before[2]
         cpu = {
             "engines": (engines.cpu_seconds() - cpu_before[0]) / wall,
-            "router": (_cpu(router.pid) - cpu_before[1]) / wall,
+            "router": (_cpu_of(routers) - cpu_before[1]) / wall,
         }
         after = await read_counters(client, endpoints)
     finally:
-        await router.stop()
+        for each in routers:
+            await each.stop()
     result = summarize(
         workload=script.name,
         router=router_name,
@@ -176,6 +196,7 @@ async def _run_one(
     answered = max(1, result.requests - result.errors)
     result = dataclasses.replace(
         result,
+        replicas=replicas,
         cpu_cores=cpu,
         router_cpu_ms_per_request=cpu["router"] * wall / answered * 1e3,
     )
@@ -209,6 +230,20 @@ async def _load(spec: LoadSpec, stem: Path) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = json.loads(out_path.read_text())
     out_path.unlink()
     return records
+
+
+def _runs(options: RoutingOptions) -> list[tuple[str, int]]:
+    """(router, replicas) of each run: kvgate's policies once per replica count."""
+    return [
+        (router, count)
+        for router in options.routers
+        for count in (options.replicas if router in KVGATE_POLICIES else [1])
+    ]
+
+
+def _cpu_of(routers: Sequence[RouterProcess]) -> float:
+    """CPU seconds of every replica of the router under test."""
+    return sum(_cpu(router.pid) for router in routers)
 
 
 def _cpu(pid: int | None) -> float:

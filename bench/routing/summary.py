@@ -50,11 +50,19 @@ class RunResult:
     """Cores busy during the run: the engine processes together, the router process."""
     router_cpu_ms_per_request: float = math.nan
     """The router process's CPU time per request (on shared cores it is everyone's TTFT)."""
+    replicas: int = 1
+    """Gateway replicas in front of the fleet (kvgate's policies; requests spread over them
+    one by one); 1 for every other router."""
     prediction: dict[str, float] = field(default_factory=dict)
     """How well kvgate predicted each request's TTFT (absent for routers that do not):
     `n`, `abs_err_ms_p50` / `_p90` (model ms), `rel_err_p50` / `_p90` (|error| /
     observed), `bias_ms_p50` (observed − predicted). Observed: the load generator's TTFT
     (first generated text); predicted: the gateway's, to the engine's first byte."""
+
+    @property
+    def label(self) -> str:
+        """The router as tables and plots name it (`prefix-cache ×3` for 3 replicas)."""
+        return self.router if self.replicas == 1 else f"{self.router} ×{self.replicas}"
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

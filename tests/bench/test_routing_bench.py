@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from bench.demo.fleet import EngineEndpoint
 from bench.routing.fleet import capacity_rps, plan_fleet
+from bench.routing.loadgen import LoadSpec
 from bench.routing.oracle import Engine, Oracle
 from bench.routing.routers import kv_aware_args, make_router, needs_vllm_like_engines
 from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
@@ -149,7 +150,7 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
     command = [
         sys.executable, "-m", "gateway.cli", "bench", "routing", "--quick", "--engines", "2",
         "--workloads", "chat", "--routers", "prefix-cache,round-robin,sticky-rr,oracle",
-        "--time-scale", "4", "--out", str(tmp_path), "--quiet",
+        "--time-scale", "4", "--out", str(tmp_path), "--quiet", "--replicas", "1,2",
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -157,8 +158,16 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
     for name in ("prefix-cache", "round-robin", "sticky-rr", "oracle"):
         assert name in out.stdout
     assert "TTFT predictions" in out.stdout
+    assert "prefix-cache ×2" in out.stdout  # kvgate's policies run again behind 2 replicas
+    assert "2 replicas within 2 hit-rate points" in out.stdout
     document = json.loads((tmp_path / "routing.json").read_text())
-    runs = {run["router"]: run for run in document["runs"]}
+    replicated = [run for run in document["runs"] if run["replicas"] == 2]
+    assert [run["router"] for run in replicated] == ["prefix-cache", "round-robin"]  # kvgate's
+    for run in replicated:
+        assert run["requests"] == document["fleets"]["chat"]["requests"]
+        assert run["errors"] == 0
+    assert len(list((tmp_path / "logs" / "chat").glob("router-prefix-cache-*.log"))) == 2
+    runs = {run["router"]: run for run in document["runs"] if run["replicas"] == 1}
     assert set(runs) == {"prefix-cache", "round-robin", "sticky-rr", "oracle"}
     assert runs["prefix-cache"]["prediction"]["n"] == runs["prefix-cache"]["requests"]
     assert runs["oracle"]["prediction"] == {}  # only kvgate predicts
@@ -222,3 +231,16 @@ async def test_sticky_rr_keeps_each_conversation_on_its_first_engine(
     assert all(len(pods_seen) == 1 for pods_seen in homes.values()), homes
     firsts = [next(iter(homes[c])) for c in ("a", "b", "c", "d")]
     assert firsts == ["s0", "s1", "s0", "s1"]  # first turns in turn
+
+
+def test_requests_go_to_the_replicas_in_turn_and_the_spec_round_trips() -> None:
+    spec = LoadSpec(
+        router_url="http://a", model="m", workload="chat", size=SMALL, seed=0, mode="open",
+        rate=1.0, concurrency=0, time_scale=1.0, replica_urls=("http://a", "http://b"),
+    )  # fmt: skip
+    again = LoadSpec.from_json(json.loads(json.dumps(spec.to_json())))
+    assert again == spec
+    router = again.urls()
+    assert [router() for _ in range(5)] == ["http://a", "http://b"] * 2 + ["http://a"]
+    single = LoadSpec.from_json({**spec.to_json(), "replica_urls": []}).urls()
+    assert {single() for _ in range(3)} == {"http://a"}
