@@ -86,7 +86,13 @@ def _pod_view(gateway: GatewayState, state: PodState) -> dict[str, Any]:
 
 async def pods(request: Request) -> Response:
     gateway = _authorized(request)
-    return JSONResponse({"pods": [_pod_view(gateway, s) for s in gateway.registry.all()]})
+    sync = gateway.replica_sync
+    return JSONResponse(
+        {
+            "pods": [_pod_view(gateway, s) for s in gateway.registry.all()],
+            "replica_sync": sync.view() if sync is not None else None,
+        }
+    )
 
 
 async def index(request: Request) -> Response:

@@ -44,6 +44,7 @@ from gateway.pinning.manager import PinConfig, PinManager
 from gateway.proxy import ClientGone, Upstream, UpstreamCut
 from gateway.reaper import DeadPodReaper
 from gateway.registry import PodRegistry
+from gateway.replicas import ReplicaSync, ReplicaSyncCollector
 from gateway.router import Router, build_policies
 from gateway.routing import CostModel, PinLookup
 from gateway.scraper import MetricsScraper
@@ -177,6 +178,19 @@ async def _start(
         max_prompt_tokens=settings.max_prompt_tokens,
     )
     metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None, cost)
+    sync = None
+    if settings.replica_sync_bind is not None:
+        sync = ReplicaSync(
+            bind=settings.replica_sync_bind,
+            peers=settings.replica_peers,
+            table=table,
+            cost=cost,
+            known_pod=lambda name: registry.get(name) is not None,
+        )
+        sync.start()
+        stack.callback(sync.close)
+        router.sync = sync
+    metrics.registry.register(ReplicaSyncCollector(lambda: sync))
     gateway = GatewayState(
         settings=settings,
         table=table,
@@ -187,6 +201,7 @@ async def _start(
         subscribers=subscribers,
         started_at=int(time.time()),
         discovery=discovery,
+        replica_sync=sync,
     )
     gateway.pins = pins = PinManager(
         table=table,
@@ -231,6 +246,8 @@ async def _start(
                            grace_s=settings.dead_pod_grace_s)  # fmt: skip
     background.start("dead-pod-reaper", reaper.run)
     background.start("pin-reconcile", pins.run)
+    if sync is not None:
+        background.start("replica-sync", sync.run)
     if writer is not None:
         background.start("snapshot-writer", writer.run)
     logger.info("kvgate gateway ready: %d pods", len(registry.all()))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable
 from gateway.metrics import GatewayMetrics
@@ -49,6 +49,14 @@ class Routed:
         return self.decision.predictions.get(pod)
 
 
+class DecisionSink(Protocol):
+    """Hears of every routed request's life (the replica sync shares it with the peers)."""
+
+    def decided(self, ticket: Ticket, context: ModelContext, hashes: Sequence[int]) -> None: ...
+    def answered(self, ticket: Ticket) -> None: ...
+    def finished(self, ticket: Ticket) -> None: ...
+
+
 class Router:
     def __init__(
         self,
@@ -80,6 +88,8 @@ class Router:
         """Where the pin manager plugs in its leases (the `pin-affinity` plugin reads it)."""
         self._clock = clock
         self._max_prompt_tokens = max_prompt_tokens
+        self.sync: DecisionSink | None = None
+        """Set when replicas share their decisions (`gateway/replicas.py`)."""
 
     def policy(self, name: str | None) -> RoutingProfile:
         if name is None:
@@ -165,14 +175,16 @@ class Router:
         if routed.prefix_hashes:
             self._table.add_prefix(state.name, routed.request.context, routed.prefix_hashes)
         if routed.ticket is not None:
-            self.cost.finish(routed.ticket)
+            self._finish_ticket(routed.ticket)
         prediction = predict_all(self.cost, self._block_size, routed.request, [state])[state.name]
-        routed.ticket = self.cost.start(
+        routed.ticket = ticket = self.cost.start(
             prediction,
             streamed=routed.request.streamed,
             # only a tokenized prompt's prediction knows its cached share: learn from those
             learn=routed.request.prompt_blocks > 0,
         )
+        if self.sync is not None:
+            self.sync.decided(ticket, routed.request.context, routed.prefix_hashes)
         slo = routed.request.slo_ttft_s
         if slo is not None:
             met = prediction.ttft_s <= slo
@@ -184,6 +196,8 @@ class Router:
         if ticket is None or ticket.pod != state.name:
             return
         observed = self.cost.first_byte(ticket)
+        if self.sync is not None:
+            self.sync.answered(ticket)
         if observed is None:
             return
         error = observed - ticket.prediction.ttft_s
@@ -195,7 +209,14 @@ class Router:
     def finish(self, routed: Routed) -> None:
         """The exchange is over, however it ended."""
         if routed.ticket is not None:
-            self.cost.finish(routed.ticket)
+            self._finish_ticket(routed.ticket)
+
+    def _finish_ticket(self, ticket: Ticket) -> None:
+        if ticket.phase == "done":
+            return
+        self.cost.finish(ticket)
+        if self.sync is not None:
+            self.sync.finished(ticket)
 
     def _hashes(self, tokens: list[int]) -> list[int]:
         try:

@@ -106,6 +106,12 @@ class Settings:
     """A pod's snapshot larger than this is neither written nor read."""
     bootstrap_peer: str | None = None
     """A running gateway (http://host:port) whose index snapshots a new replica starts from."""
+    replica_sync_bind: str | None = None
+    """ZMQ endpoint on which this replica publishes its routing decisions to its peers
+    (`tcp://0.0.0.0:5590`); None: no sharing (independent replicas)."""
+    replica_peers: tuple[str, ...] = ()
+    """The other replicas' sync endpoints (`tcp://host:port`), whose decisions this one
+    follows."""
 
     def __post_init__(self) -> None:
         if self.routing_config is None and self.default_policy not in POLICIES:
@@ -226,6 +232,13 @@ class Settings:
         values["bootstrap_peer"] = reader.get(
             "KVGATE_BOOTSTRAP_PEER", _url, None, "an http(s):// URL of a running gateway"
         )
+        values["replica_sync_bind"] = reader.get(
+            "KVGATE_REPLICA_SYNC_BIND", _zmq_endpoint, None, "a ZMQ endpoint (tcp://host:port)"
+        )
+        no_peers: tuple[str, ...] = ()
+        values["replica_peers"] = reader.get(
+            "KVGATE_REPLICA_PEERS", _zmq_endpoints, no_peers, "comma-separated ZMQ endpoints"
+        )
         values["pin_token"] = reader.get("KVGATE_PIN_TOKEN", str, None, "a token") or None
         values["pin_max_leases"] = reader.get(
             "KVGATE_PIN_MAX_LEASES", _positive_int, 1024, "an integer > 0"
@@ -328,6 +341,16 @@ def _namespaces(raw: str) -> tuple[str, ...]:
     if not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name) for name in names):
         raise ValueError(raw)
     return names
+
+
+def _zmq_endpoint(raw: str) -> str:
+    if not re.fullmatch(r"(tcp://[^\s:/]+:\d{1,5}|ipc://\S+)", raw):
+        raise ValueError(raw)
+    return raw
+
+
+def _zmq_endpoints(raw: str) -> tuple[str, ...]:
+    return tuple(_zmq_endpoint(part.strip()) for part in raw.split(",") if part.strip())
 
 
 def _url(raw: str) -> str:

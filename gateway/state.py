@@ -13,6 +13,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pinning.manager import PinManager
 from gateway.proxy import Upstream
 from gateway.registry import PodRegistry
+from gateway.replicas import ReplicaSync
 from gateway.router import Router
 from gateway.settings import Settings
 from indexer import SyncPrefixHashTable
@@ -32,6 +33,7 @@ class GatewayState:
     discovery: Discovery
     discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
     pins: PinManager | None = None
+    replica_sync: ReplicaSync | None = None
     background: Supervised | None = None
     """The supervised background tasks (which are down, waiting for their restart)."""
 

@@ -211,6 +211,10 @@ class Ticket:
     """Its observed TTFT may train the model (the prompt was tokenized: features known)."""
     phase: str = "prefill"
     """prefill → decode → done."""
+    number: int = 0
+    """Unique within this gateway (names it to the other replicas)."""
+    remote: bool = False
+    """Another replica's request, known from its decision: load only, nothing to learn."""
 
 
 class CostModel:
@@ -303,16 +307,25 @@ class CostModel:
         `learn`: its observed TTFT may train the pod's model (its features were known)."""
         work = self._work(prediction.pod)
         now = self._clock()
-        ticket = Ticket(prediction.pod, prediction, now, streamed, learn)
+        self._tickets += 1
+        ticket = Ticket(prediction.pod, prediction, now, streamed, learn, number=self._tickets)
         work.activity = self._decayed_activity(work, now) + 1.0
         work.activity_at = now
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
         if not streamed:
-            self._tickets += 1
             expected = ticket.started + prediction.ttft_s
-            heapq.heappush(work.unobserved, (expected, self._tickets, ticket))
+            heapq.heappush(work.unobserved, (expected, ticket.number, ticket))
+        return ticket
+
+    def start_remote(self, pod: str, own_tokens: float) -> Ticket:
+        """Another replica sent a request with `own_tokens` uncached tokens to `pod`: its
+        prefill queues there like ours (until that replica reports its first byte)."""
+        coefficients = self.coefficients(pod)
+        prediction = Prediction(pod, 0.0, own_tokens, 0.0, 0.0, 0.0, coefficients)
+        ticket = self.start(prediction, streamed=True, learn=False)
+        ticket.remote = True
         return ticket
 
     def first_byte(self, ticket: Ticket) -> float | None:
@@ -329,6 +342,8 @@ class CostModel:
             return None
         now = self._clock()
         observed = now - ticket.started
+        if ticket.remote:
+            return None
         if work is not None:
             work.answered_at = now
         if ticket.learn:

@@ -421,7 +421,17 @@ async def test_admin_index_equals_the_engine_and_match_explains_the_choice(
         view = (await admin.get("/admin/index", params={"pod": pod})).json()
         assert view["state"] == "whole" and view["last_seq"] is not None
         assert (await admin.get("/admin/index", params={"pod": "nope"})).status_code == 404
-        explained = (await admin.post("/admin/match", json=chat("a new question"))).json()
+        follow_up = chat("index me")
+        follow_up["messages"] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "index me"},
+            {"role": "assistant", "content": "indexed"},
+            {"role": "user", "content": "a new question"},
+        ]
+        explained = (await admin.post("/admin/match", json=follow_up)).json()
+        # A new conversation is a placement: it goes to the less active pod, cache or not.
+        placed = (await admin.post("/admin/match", json=chat("a new question"))).json()
+    assert placed["chosen"] != pod
     assert explained["chosen"] == pod
     assert explained["pods"][pod]["matched_blocks"] > 0
     assert explained["pods"][pod]["tiers"] == {"GPU": explained["pods"][pod]["matched_blocks"]}

@@ -1,0 +1,342 @@
+"""Gateway replicas that route as one: each publishes its routing decisions, the others
+fold them into their own view.
+
+What makes routing good under load is per replica: the router-side expected entries that
+make a burst with a new prefix stick to one pod, and each pod's outstanding prefill in the
+cost model. With N independent replicas each sees 1/N of it (the rest arrives late, through
+engine events and the once-a-second scrape). So every replica publishes, on its own ZMQ
+PUB socket (`KVGATE_REPLICA_SYNC_BIND`), one small message per decision (pod, context,
+prefix hashes, uncached tokens), per first byte and per end of exchange, plus a heartbeat;
+and subscribes to every peer (`KVGATE_REPLICA_PEERS`). A peer's decision adds its expected
+entries to the local index and its prefill to the pod's queue in the cost model (as a
+remote ticket: load only, nothing learned), until that peer reports its first byte and end.
+
+No broker: a lost message costs one decision's accuracy; a lost peer (no heartbeat for
+`peer_timeout_s`) has its tickets dropped, so its load never lingers, and routing carries
+on as independent replicas do — sending never blocks (PUB drops at its high-water mark).
+
+Trust: a replica only consumes what it subscribed to, from the configured peers; every
+message is bounded (size, hashes, tickets per peer) and checked field by field, and what
+a peer can do is bounded: expected entries that expire, load that expires with the peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import secrets
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import zmq
+import zmq.asyncio
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.routing.cost import CostModel, Ticket
+from indexer import ModelContext, SyncPrefixHashTable, UnknownPodError
+
+logger = logging.getLogger(__name__)
+
+WIRE = "kvgate-sync"
+VERSION = 1
+MAX_MESSAGE_BYTES = 256 * 1024
+MAX_HASHES = 16_384
+MAX_TICKETS_PER_PEER = 20_000
+
+
+@dataclass(slots=True)
+class PeerView:
+    """What this replica knows of one peer (by the id it announces)."""
+
+    replica: str
+    last_heard: float = -math.inf
+    tickets: dict[int, Ticket] = field(default_factory=dict)
+    received: Counter[str] = field(default_factory=Counter)
+    losses: int = 0
+
+    def as_json(self, now: float, timeout_s: float) -> dict[str, Any]:
+        return {
+            "replica": self.replica,
+            "live": now - self.last_heard <= timeout_s,
+            "last_heard_s_ago": round(now - self.last_heard, 3),
+            "requests_in_flight": len(self.tickets),
+            "received": dict(self.received),
+            "losses": self.losses,
+        }
+
+
+class ReplicaSync:
+    """One replica's side of the decision sharing; owned by the lifespan (`start`, `run`,
+    `close`), fed by the router (`decided`, `answered`, `finished`)."""
+
+    def __init__(
+        self,
+        *,
+        bind: str,
+        peers: Sequence[str],
+        table: SyncPrefixHashTable,
+        cost: CostModel,
+        known_pod: Callable[[str], bool],
+        heartbeat_s: float = 1.0,
+        peer_timeout_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bind_endpoint = bind
+        self.peer_endpoints = tuple(peers)
+        self._table = table
+        self._cost = cost
+        self._known_pod = known_pod
+        self._heartbeat_s = heartbeat_s
+        self._peer_timeout_s = peer_timeout_s
+        self._clock = clock
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.peers: dict[str, PeerView] = {}
+        self.sent: Counter[str] = Counter()
+        self.dropped = 0
+        """Messages not sent (the PUB's high-water mark: a slow peer)."""
+        self.rejected: Counter[str] = Counter()
+        """Received messages ignored, by reason."""
+        self._context = zmq.asyncio.Context()
+        # The PUB is sent to from plain router code: a blocking-API socket whose NOBLOCK
+        # send fails at once (an asyncio socket would hand back a future instead).
+        self._pub_context = zmq.Context()
+        self._pub: zmq.Socket[bytes] | None = None
+        self._sub: zmq.asyncio.Socket | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the PUB and connect to every peer (a bad endpoint fails start-up)."""
+        pub = self._pub_context.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.setsockopt(zmq.SNDHWM, 10_000)
+        pub.bind(self.bind_endpoint)
+        self.bind_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        sub = self._context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        sub.setsockopt(zmq.RCVHWM, 100_000)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        for endpoint in self.peer_endpoints:
+            sub.connect(endpoint)
+        self._pub, self._sub = pub, sub
+
+    async def run(self) -> None:
+        """Receive the peers' messages, send heartbeats, drop what lost peers left."""
+        sub = self._sub
+        if sub is None:
+            raise RuntimeError("ReplicaSync.run before start")
+        next_beat = self._clock()
+        while True:
+            now = self._clock()
+            if now >= next_beat:
+                self._send(["h"])
+                self._expire_peers(now)
+                next_beat = now + self._heartbeat_s
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_beat - self._clock())):
+                    frame = await sub.recv()
+                    self.receive(frame)
+
+    def close(self) -> None:
+        for sock in (self._pub, self._sub):
+            if sock is not None:
+                sock.close(linger=0)
+        self._pub = self._sub = None
+        self._context.term()
+        self._pub_context.term()
+
+    # -- publishing (the router, on the event loop: never blocks) -------------------------
+
+    def decided(self, ticket: Ticket, context: ModelContext, hashes: Sequence[int]) -> None:
+        shared = list(hashes[:MAX_HASHES])
+        own = ticket.prediction.own_tokens
+        self._send(["d", ticket.number, ticket.pod, context.model, context.lora, shared, own])
+
+    def answered(self, ticket: Ticket) -> None:
+        self._send(["b", ticket.number])
+
+    def finished(self, ticket: Ticket) -> None:
+        self._send(["f", ticket.number])
+
+    def _send(self, body: list[Any]) -> None:
+        pub = self._pub
+        if pub is None:
+            return
+        payload = msgpack.packb([WIRE, VERSION, self.replica, *body])
+        try:
+            pub.send(payload, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+            return
+        self.sent[body[0]] += 1
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def receive(self, frame: bytes) -> None:
+        """Apply one peer message (anything malformed is counted and ignored)."""
+        try:
+            message = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+            self.rejected["undecodable"] += 1
+            return
+        if (
+            not isinstance(message, list)
+            or len(message) < 4
+            or message[0] != WIRE
+            or message[1] != VERSION
+            or not isinstance(message[2], str)
+            or not 0 < len(message[2]) <= 200
+        ):
+            self.rejected["malformed"] += 1
+            return
+        replica, kind, body = message[2], message[3], message[4:]
+        if replica == self.replica:
+            return
+        peer = self.peers.get(replica)
+        if peer is None:
+            if len(self.peers) >= 4 * max(1, len(self.peer_endpoints)):
+                self.rejected["too_many_peers"] += 1
+                return
+            peer = self.peers[replica] = PeerView(replica)
+            logger.info("replica sync: peer %s is live", replica)
+        peer.last_heard = self._clock()
+        if kind == "h" and not body:
+            peer.received["h"] += 1
+        elif kind == "d" and _decision(body):
+            self._decision(peer, body)
+        elif kind in ("b", "f") and len(body) == 1 and type(body[0]) is int:
+            ticket = peer.tickets.get(body[0]) if kind == "b" else peer.tickets.pop(body[0], None)
+            if ticket is not None:
+                if kind == "b":
+                    self._cost.first_byte(ticket)
+                else:
+                    self._cost.finish(ticket)
+            peer.received[kind] += 1
+        else:
+            self.rejected["malformed"] += 1
+
+    def _decision(self, peer: PeerView, body: list[Any]) -> None:
+        number, pod, model, lora, hashes, own = body
+        if not self._known_pod(pod):
+            self.rejected["unknown_pod"] += 1
+            return
+        if hashes:
+            try:
+                self._table.add_prefix(pod, ModelContext(model, lora), hashes)
+            except UnknownPodError:  # discovery has it, the index not yet (or no longer)
+                self.rejected["unknown_pod"] += 1
+                return
+        peer.received["d"] += 1
+        previous = peer.tickets.pop(number, None)
+        if previous is not None:
+            self._cost.finish(previous)
+        if len(peer.tickets) >= MAX_TICKETS_PER_PEER:  # bounded: the oldest goes
+            self._cost.finish(peer.tickets.pop(next(iter(peer.tickets))))
+        peer.tickets[number] = self._cost.start_remote(pod, float(own))
+
+    def _expire_peers(self, now: float) -> None:
+        for peer in self.peers.values():
+            if peer.tickets and now - peer.last_heard > self._peer_timeout_s:
+                logger.warning(
+                    "replica sync: peer %s silent for %.1f s; dropping its %d requests",
+                    peer.replica, now - peer.last_heard, len(peer.tickets),
+                )  # fmt: skip
+                for ticket in peer.tickets.values():
+                    self._cost.finish(ticket)
+                peer.tickets.clear()
+                peer.losses += 1
+
+    def view(self) -> dict[str, Any]:
+        """For /admin/pods: this replica, its peers and the channel's counters."""
+        now = self._clock()
+        return {
+            "replica": self.replica,
+            "bind": self.bind_endpoint,
+            "peer_endpoints": list(self.peer_endpoints),
+            "peers": [p.as_json(now, self._peer_timeout_s) for p in self.peers.values()],
+            "sent": dict(self.sent),
+            "dropped": self.dropped,
+            "rejected": dict(self.rejected),
+        }
+
+    def live_peers(self) -> int:
+        now = self._clock()
+        return sum(now - p.last_heard <= self._peer_timeout_s for p in self.peers.values())
+
+
+def _decision(body: list[Any]) -> bool:
+    """[number, pod, model, lora, hashes, own tokens], each of its type and bounds."""
+    if len(body) != 6:
+        return False
+    number, pod, model, lora, hashes, own = body
+    return (
+        type(number) is int
+        and isinstance(pod, str)
+        and 0 < len(pod) <= 512
+        and isinstance(model, str)
+        and 0 < len(model) <= 512
+        and (lora is None or (isinstance(lora, str) and 0 < len(lora) <= 512))
+        and isinstance(hashes, list)
+        and len(hashes) <= MAX_HASHES
+        and all(type(h) is int and 0 <= h < 1 << 64 for h in hashes)
+        and isinstance(own, int | float)
+        and not isinstance(own, bool)
+        and math.isfinite(own)
+        and 0 <= own <= 10_000_000
+    )
+
+
+class ReplicaSyncCollector(Collector):
+    """The sharing channel's figures at scrape time (zero / empty without replica sync)."""
+
+    def __init__(self, sync: Callable[[], ReplicaSync | None]) -> None:
+        self._sync = sync
+
+    def collect(self) -> Iterator[Metric]:
+        sync = self._sync()
+        live = GaugeMetricFamily(
+            "kvgate_replica_sync_peers_live", "Peer replicas heard from within the timeout"
+        )
+        live.add_metric([], float(sync.live_peers()) if sync is not None else 0.0)
+        messages = CounterMetricFamily(
+            "kvgate_replica_sync_messages",
+            "Decision-sharing messages by direction (sent, received, dropped at the send "
+            "queue's limit) and kind (d decision, b first byte, f end, h heartbeat)",
+            labels=["direction", "kind"],
+        )
+        rejected = CounterMetricFamily(
+            "kvgate_replica_sync_rejected",
+            "Peer messages ignored, by reason (undecodable, malformed, unknown_pod, "
+            "too_many_peers)",
+            labels=["reason"],
+        )
+        losses = CounterMetricFamily(
+            "kvgate_replica_sync_peer_losses",
+            "Times a peer fell silent with requests in flight (its requests were dropped)",
+        )
+        if sync is not None:
+            for kind, count in sync.sent.items():
+                messages.add_metric(["sent", kind], float(count))
+            received: Counter[str] = Counter()
+            for peer in sync.peers.values():
+                received.update(peer.received)
+            for kind, count in received.items():
+                messages.add_metric(["received", kind], float(count))
+            messages.add_metric(["dropped", "any"], float(sync.dropped))
+            for reason, count in sync.rejected.items():
+                rejected.add_metric([reason], float(count))
+            losses.add_metric([], float(sum(p.losses for p in sync.peers.values())))
+        yield live
+        yield messages
+        yield rejected
+        yield losses

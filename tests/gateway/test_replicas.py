@@ -1,0 +1,109 @@
+"""Replicas sharing their routing decisions over ZMQ: what one routes, the other sees
+(expected blocks, queued prefill); a peer that falls silent leaves no load behind; a
+hostile or broken message is counted and ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from tests.conftest import StartEngine
+from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
+from tests.helpers import eventually
+
+PROMPT = "the same long system prompt for every question " * 40
+
+
+def body(user: str) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "system", "content": PROMPT}, {"role": "user", "content": user}],
+        "max_tokens": 2,
+        "stream": True,
+    }
+
+
+async def two_replicas(
+    start_engine: StartEngine, start_gateway: StartGateway, tmp_path: Path
+) -> tuple[Gateway, Gateway]:
+    """Two gateways in front of the same two engines, which publish no KV events: what a
+    replica knows of the other's requests comes only from the sync channel."""
+    engines = [await start_engine(name=f"e{i}") for i in range(2)]
+    entries = [pod_entry(engine, events=False) for engine in engines]
+    a_end, b_end = f"ipc://{tmp_path}/a.sync", f"ipc://{tmp_path}/b.sync"
+    first = await start_gateway(engines=0, pods=entries, replica_sync_bind=a_end,
+                                replica_peers=(b_end,))  # fmt: skip
+    second = await start_gateway(engines=0, pods=entries, replica_sync_bind=b_end,
+                                 replica_peers=(a_end,))  # fmt: skip
+    return first, second
+
+
+async def matched_on(gateway: Gateway, pod: str) -> int:
+    async with gateway.admin() as admin:
+        answer = (await admin.post("/admin/match", json=body("a question"))).json()
+    return int(answer["pods"][pod]["matched_blocks"])
+
+
+async def test_a_decision_on_one_replica_is_seen_by_the_other(
+    start_engine: StartEngine, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    first, second = await two_replicas(start_engine, start_gateway, tmp_path)
+    sync_a, sync_b = first.state.replica_sync, second.state.replica_sync
+    await eventually(lambda: sync_a.live_peers() == 1 and sync_b.live_peers() == 1,
+                     within=10, what="peers heard each other's heartbeats")  # fmt: skip
+    async with (
+        first.client() as client,
+        client.stream("POST", "/v1/chat/completions", json=body("hi")) as response,
+    ):
+        assert response.status_code == 200
+        await response.aread()
+        pod = response.headers["x-kvgate-pod"]
+
+    async def seen() -> bool:
+        return await matched_on(second, pod) > 0
+
+    await eventually(seen, what="the other replica expects the prompt's blocks there")
+    other = next(name for name in ("e0", "e1") if name != pod)
+    assert await matched_on(second, other) == 0
+    received = sync_b.peers[sync_a.replica].received
+    await eventually(lambda: received["f"] >= 1, what="the end of the exchange shared")
+    assert received["d"] == 1 and received["b"] == 1
+    assert second.state.router.cost.outstanding(pod) == (0.0, 0, 0)  # nothing left behind
+    async with second.admin() as admin:
+        view = (await admin.get("/admin/pods")).json()["replica_sync"]
+    assert view["peers"][0]["replica"] == sync_a.replica and view["peers"][0]["live"]
+    async with second.client() as client:
+        page = (await client.get("/metrics")).text
+    assert 'kvgate_replica_sync_messages_total{direction="received",kind="d"} 1.0' in page
+    assert "kvgate_replica_sync_peers_live 1.0" in page
+
+
+async def test_a_silent_peers_requests_are_dropped_and_bad_messages_ignored(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    gateway = await start_gateway(engines=2, replica_sync_bind=f"ipc://{tmp_path}/g.sync")
+    sync = gateway.state.replica_sync
+    cost = gateway.state.router.cost
+
+    def message(*fields: Any) -> bytes:
+        return bytes(msgpack.packb(["kvgate-sync", 1, "ghost-replica", *fields]))
+
+    sync.receive(message("d", 7, "e0", MODEL, None, [1, 2, 3], 1500.0))
+    assert cost.outstanding("e0") == (1500.0, 1, 0)  # another replica's prefill queued there
+    for bad in (
+        b"\xc1 not msgpack",
+        message("d", 8, "e0", MODEL, None, [-1], 10.0),  # a hash out of range
+        message("d", 9, "e0", MODEL, None, [1], float("nan")),
+        message("d", 10, "no-such-pod", MODEL, None, [1], 10.0),
+        message("x"),
+        bytes(msgpack.packb(["other-wire", 1, "ghost-replica", "h"])),
+    ):
+        sync.receive(bad)
+    assert sum(sync.rejected.values()) == 6
+    assert cost.outstanding("e0") == (1500.0, 1, 0)
+    # The ghost never sends a heartbeat: after the timeout its request is dropped.
+    await eventually(lambda: cost.outstanding("e0") == (0.0, 0, 0), within=10,
+                     what="the silent peer's request dropped")  # fmt: skip
+    assert sync.peers["ghost-replica"].losses == 1
