@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -33,13 +34,17 @@ def _names(known: tuple[str, ...]) -> type:
     return parse  # type: ignore[return-value]
 
 
-def _ints(raw: str) -> list[int]:
-    try:
-        values = [int(v) for v in raw.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError("comma-separated counts, e.g. 1,3") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError("counts of at least 1")
+def _replicas(raw: str) -> list[tuple[int, bool]]:
+    """`1,3i,3`: (count, sharing decisions) per entry; a trailing `i`: independent."""
+    values: list[tuple[int, bool]] = []
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        match = re.fullmatch(r"(\d+)(i?)", part)
+        if match is None or int(match.group(1)) < 1:
+            raise argparse.ArgumentTypeError("counts of at least 1, e.g. 1,3i,3")
+        count = int(match.group(1))
+        values.append((count, count > 1 and not match.group(2)))
+    if not values:
+        raise argparse.ArgumentTypeError("counts of at least 1, e.g. 1,3i,3")
     return values
 
 
@@ -77,11 +82,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--engines", type=int, default=8, help="simulated engines, one process each (8)")
     add(
         "--replicas",
-        type=_ints,
-        default=[1],
+        type=_replicas,
+        default=[(1, False)],
         metavar="N[,N...]",
-        help="run kvgate's policies with N gateway replicas in front of the fleet, requests "
-        "spread over them one by one; a list runs each (e.g. 1,3; default 1)",
+        help="run kvgate's policies behind N gateway replicas, requests spread over them one "
+        "by one, sharing their decisions (KVGATE_REPLICA_PEERS); Ni: N independent replicas; "
+        "a list runs each (e.g. 1,3i,3; default 1)",
     )
     add(
         "--load",
@@ -135,7 +141,6 @@ def run(args: argparse.Namespace) -> int:
         "--turns": args.turns is not None and args.turns < 1,
         "--time-scale": args.time_scale is not None and args.time_scale <= 0,
         "--wall-rate": args.wall_rate <= 0,
-        "--replicas": not args.replicas or min(args.replicas) < 1,
     }
     bad = [name for name, wrong in checks.items() if wrong]
     if bad:

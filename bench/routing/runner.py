@@ -64,8 +64,8 @@ class RoutingOptions:
     wall_rate: float = 40.0
     slack: float = 1.5
     quiet: bool = False
-    replicas: list[int] = dataclasses.field(default_factory=lambda: [1])
-    """Gateway replicas per run of each of kvgate's policies (each count one run)."""
+    replicas: list[tuple[int, bool]] = dataclasses.field(default_factory=lambda: [(1, False)])
+    """(gateway replicas, sharing decisions) per run of each of kvgate's policies."""
 
 
 def run_routing(options: RoutingOptions) -> int:
@@ -100,10 +100,10 @@ async def _main(options: RoutingOptions) -> int:
                 for load in points:
                     rate = (load or 0.0) * capacity
                     point: list[RunResult] = []
-                    for router, replicas in _runs(options):
+                    for router, (replicas, shared) in _runs(options):
                         result, values, pairs = await _run_one(
                             options, client, script, plan, engines, pods, router, load, rate,
-                            replicas,
+                            replicas, shared,
                         )  # fmt: skip
                         point.append(result)
                         ttfts[f"{workload}|{result.label}|{load}"] = values
@@ -144,6 +144,7 @@ async def _run_one(
     load: float | None,
     rate: float,
     replicas: int = 1,
+    shared: bool = False,
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     endpoints = engines.endpoints
     await AdminClient(client, "", "").reset_engine_caches(urls(endpoints))
@@ -154,6 +155,11 @@ async def _run_one(
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
+    if shared:  # each replica publishes on its port + 1 (reserved with it) to the others
+        sync = [f"tcp://127.0.0.1:{each.port + 1}" for each in routers]
+        for each, own in zip(routers, sync, strict=True):
+            each.env["KVGATE_REPLICA_SYNC_BIND"] = own
+            each.env["KVGATE_REPLICA_PEERS"] = ",".join(e for e in sync if e != own)
     try:
         for each in routers:
             await each.start()
@@ -173,7 +179,7 @@ async def _run_one(
             time_scale=plan.time_scale,
         )
         cpu_before = (engines.cpu_seconds(), _cpu_of(routers), time.perf_counter())
-        suffix = f"x{replicas}" if replicas > 1 else ""
+        suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""
         records = await _load(spec, logs / f"load-{router_name}{suffix}-{load}")
         wall = time.perf_counter() - cpu_before[2]
         cpu = {
@@ -197,6 +203,7 @@ async def _run_one(
     result = dataclasses.replace(
         result,
         replicas=replicas,
+        replica_sync=shared,
         cpu_cores=cpu,
         router_cpu_ms_per_request=cpu["router"] * wall / answered * 1e3,
     )
@@ -232,12 +239,12 @@ async def _load(spec: LoadSpec, stem: Path) -> list[dict[str, Any]]:
     return records
 
 
-def _runs(options: RoutingOptions) -> list[tuple[str, int]]:
-    """(router, replicas) of each run: kvgate's policies once per replica count."""
+def _runs(options: RoutingOptions) -> list[tuple[str, tuple[int, bool]]]:
+    """(router, (replicas, shared)) of each run: kvgate's policies once per replica setup."""
     return [
-        (router, count)
+        (router, setup)
         for router in options.routers
-        for count in (options.replicas if router in KVGATE_POLICIES else [1])
+        for setup in (options.replicas if router in KVGATE_POLICIES else [(1, False)])
     ]
 
 

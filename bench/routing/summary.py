@@ -53,6 +53,8 @@ class RunResult:
     replicas: int = 1
     """Gateway replicas in front of the fleet (kvgate's policies; requests spread over them
     one by one); 1 for every other router."""
+    replica_sync: bool = False
+    """Whether the replicas shared their decisions (KVGATE_REPLICA_PEERS)."""
     prediction: dict[str, float] = field(default_factory=dict)
     """How well kvgate predicted each request's TTFT (absent for routers that do not):
     `n`, `abs_err_ms_p50` / `_p90` (model ms), `rel_err_p50` / `_p90` (|error| /
@@ -61,8 +63,11 @@ class RunResult:
 
     @property
     def label(self) -> str:
-        """The router as tables and plots name it (`prefix-cache ×3` for 3 replicas)."""
-        return self.router if self.replicas == 1 else f"{self.router} ×{self.replicas}"
+        """The router as tables and plots name it (`prefix-cache ×3` for 3 replicas sharing
+        their decisions, `prefix-cache ×3 indep.` for 3 that do not)."""
+        if self.replicas == 1:
+            return self.router
+        return f"{self.router} ×{self.replicas}" + ("" if self.replica_sync else " indep.")
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

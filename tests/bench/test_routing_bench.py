@@ -159,11 +159,12 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
         assert name in out.stdout
     assert "TTFT predictions" in out.stdout
     assert "prefix-cache ×2" in out.stdout  # kvgate's policies run again behind 2 replicas
-    assert "2 replicas within 2 hit-rate points" in out.stdout
+    assert "2 replicas (sharing decisions) within 2 hit-rate points" in out.stdout
     document = json.loads((tmp_path / "routing.json").read_text())
     replicated = [run for run in document["runs"] if run["replicas"] == 2]
     assert [run["router"] for run in replicated] == ["prefix-cache", "round-robin"]  # kvgate's
     for run in replicated:
+        assert run["replica_sync"] is True
         assert run["requests"] == document["fleets"]["chat"]["requests"]
         assert run["errors"] == 0
     assert len(list((tmp_path / "logs" / "chat").glob("router-prefix-cache-*.log"))) == 2
