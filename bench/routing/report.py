@@ -70,7 +70,7 @@ def check_targets(results: Sequence[RunResult]) -> list[str]:
         hit_gap = (best.hit_rate - many.hit_rate) * 100
         slower = many.ttft_ms["p90"] / best.ttft_ms["p90"] - 1
         how = "sharing decisions" if many.replica_sync else "independent"
-        target = f"{many.replicas} replicas ({how}) within 2 hit-rate points and 10 % TTFT p90 of one"
+        target = f"{many.replicas} replicas ({how}) within 2 hit-rate points, 10 % TTFT p90 of one"
         figures = f"{hit_gap:+.1f} points, TTFT p90 {slower:+.0%}"
         lines.append(_mark(hit_gap <= 2 and slower <= 0.10, target, figures))
     workload = results[0].workload

@@ -159,7 +159,7 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
         assert name in out.stdout
     assert "TTFT predictions" in out.stdout
     assert "prefix-cache ×2" in out.stdout  # kvgate's policies run again behind 2 replicas
-    assert "2 replicas (sharing decisions) within 2 hit-rate points" in out.stdout
+    assert "2 replicas (sharing decisions) within 2 hit-rate points, 10 %" in out.stdout
     document = json.loads((tmp_path / "routing.json").read_text())
     replicated = [run for run in document["runs"] if run["replicas"] == 2]
     assert [run["router"] for run in replicated] == ["prefix-cache", "round-robin"]  # kvgate's
