@@ -186,6 +186,7 @@ async def _start(
             table=table,
             cost=cost,
             known_pod=lambda name: registry.get(name) is not None,
+            peer_service=settings.replica_peer_service,
         )
         sync.start()
         stack.callback(sync.close)

@@ -86,12 +86,16 @@ class ReplicaSync:
         table: SyncPrefixHashTable,
         cost: CostModel,
         known_pod: Callable[[str], bool],
+        peer_service: str | None = None,
         heartbeat_s: float = 1.0,
         peer_timeout_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bind_endpoint = bind
         self.peer_endpoints = tuple(peers)
+        self.peer_service = peer_service
+        self._resolved: set[str] = set()
+        """Endpoints connected because the peer service resolved to them."""
         self._table = table
         self._cost = cost
         self._known_pod = known_pod
@@ -135,17 +139,45 @@ class ReplicaSync:
         sub = self._sub
         if sub is None:
             raise RuntimeError("ReplicaSync.run before start")
-        next_beat = self._clock()
+        next_beat = next_lookup = self._clock()
         while True:
             now = self._clock()
             if now >= next_beat:
                 self._send(["h"])
                 self._expire_peers(now)
                 next_beat = now + self._heartbeat_s
+            if self.peer_service is not None and now >= next_lookup:
+                await self._follow_peer_service(sub)
+                next_lookup = now + 5 * self._heartbeat_s
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, next_beat - self._clock())):
                     frame = await sub.recv()
                     self.receive(frame)
+
+    async def _follow_peer_service(self, sub: zmq.asyncio.Socket) -> None:
+        """Connect to every address the peer service resolves to, and only those (our own
+        address included: our own messages are recognised and skipped)."""
+        assert self.peer_service is not None
+        host, _, port = self.peer_service.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except OSError as exc:  # DNS down or no replica ready: keep the current peers
+            self.rejected["peer_lookup_failed"] += 1
+            logger.debug("replica sync: %s did not resolve: %s", self.peer_service, exc)
+            return
+        wanted = {
+            f"tcp://[{info[4][0]}]:{port}"
+            if ":" in str(info[4][0])
+            else f"tcp://{info[4][0]}:{port}"
+            for info in infos
+        }
+        for endpoint in sorted(wanted - self._resolved):
+            sub.connect(endpoint)
+        for endpoint in sorted(self._resolved - wanted):
+            with contextlib.suppress(zmq.ZMQError):
+                sub.disconnect(endpoint)
+        self._resolved = wanted
 
     def close(self) -> None:
         for sock in (self._pub, self._sub):
@@ -204,7 +236,7 @@ class ReplicaSync:
             return
         peer = self.peers.get(replica)
         if peer is None:
-            if len(self.peers) >= 4 * max(1, len(self.peer_endpoints)):
+            if len(self.peers) >= 4 * max(1, len(self.peer_endpoints) + len(self._resolved)):
                 self.rejected["too_many_peers"] += 1
                 return
             peer = self.peers[replica] = PeerView(replica)
@@ -262,7 +294,8 @@ class ReplicaSync:
         return {
             "replica": self.replica,
             "bind": self.bind_endpoint,
-            "peer_endpoints": list(self.peer_endpoints),
+            "peer_endpoints": list(self.peer_endpoints) + sorted(self._resolved),
+            "peer_service": self.peer_service,
             "peers": [p.as_json(now, self._peer_timeout_s) for p in self.peers.values()],
             "sent": dict(self.sent),
             "dropped": self.dropped,

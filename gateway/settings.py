@@ -112,6 +112,9 @@ class Settings:
     replica_peers: tuple[str, ...] = ()
     """The other replicas' sync endpoints (`tcp://host:port`), whose decisions this one
     follows."""
+    replica_peer_service: str | None = None
+    """`host:port` resolved every few seconds to every replica's address (a headless
+    Service in Kubernetes): the peers, as they come and go."""
 
     def __post_init__(self) -> None:
         if self.routing_config is None and self.default_policy not in POLICIES:
@@ -239,6 +242,9 @@ class Settings:
         values["replica_peers"] = reader.get(
             "KVGATE_REPLICA_PEERS", _zmq_endpoints, no_peers, "comma-separated ZMQ endpoints"
         )
+        values["replica_peer_service"] = reader.get(
+            "KVGATE_REPLICA_PEER_SERVICE", _host_port, None, "host:port (a headless Service)"
+        )
         values["pin_token"] = reader.get("KVGATE_PIN_TOKEN", str, None, "a token") or None
         values["pin_max_leases"] = reader.get(
             "KVGATE_PIN_MAX_LEASES", _positive_int, 1024, "an integer > 0"
@@ -345,6 +351,12 @@ def _namespaces(raw: str) -> tuple[str, ...]:
 
 def _zmq_endpoint(raw: str) -> str:
     if not re.fullmatch(r"(tcp://[^\s:/]+:\d{1,5}|ipc://\S+)", raw):
+        raise ValueError(raw)
+    return raw
+
+
+def _host_port(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9.-]+:\d{1,5}", raw):
         raise ValueError(raw)
     return raw
 

@@ -4,6 +4,7 @@ hostile or broken message is counted and ignored."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -107,3 +108,24 @@ async def test_a_silent_peers_requests_are_dropped_and_bad_messages_ignored(
     await eventually(lambda: cost.outstanding("e0") == (0.0, 0, 0), within=10,
                      what="the silent peer's request dropped")  # fmt: skip
     assert sync.peers["ghost-replica"].losses == 1
+
+
+async def test_peers_found_through_a_service_name(
+    start_engine: StartEngine, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    """As a headless Service resolves to every replica: `localhost:PORT` resolves to the
+    first replica's address, and the second connects to it."""
+    engines = [await start_engine(name=f"e{i}") for i in range(2)]
+    entries = [pod_entry(engine) for engine in engines]
+    with socket.socket() as probe:  # a port free right now
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    first = await start_gateway(engines=0, pods=entries,
+                                replica_sync_bind=f"tcp://127.0.0.1:{port}")  # fmt: skip
+    second = await start_gateway(engines=0, pods=entries,
+                                 replica_sync_bind=f"ipc://{tmp_path}/second.sync",
+                                 replica_peer_service=f"localhost:{port}")  # fmt: skip
+    sync = second.state.replica_sync
+    await eventually(lambda: first.state.replica_sync.replica in sync.peers, within=10,
+                     what="the peer found by name and heard")  # fmt: skip
+    assert f"tcp://127.0.0.1:{port}" in sync.view()["peer_endpoints"]
