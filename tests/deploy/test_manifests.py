@@ -59,7 +59,7 @@ def test_every_kustomization_renders(rendered: dict[str, list[dict[str, Any]]]) 
     kinds = {name: sorted(obj["kind"] for obj in objects) for name, objects in rendered.items()}
     assert kinds["base"] == sorted(
         ["Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment",
-         "Service", "PodDisruptionBudget"]
+         "Service", "Service", "NetworkPolicy", "PodDisruptionBudget"]
     )  # fmt: skip
     assert kinds["examples"] == ["Deployment", "Deployment"]
     assert kinds["observability"] == ["ConfigMap", "ServiceMonitor"]
@@ -346,3 +346,21 @@ def test_gateway_discovery_reads_the_example_pods(
     opted_out["metadata"]["labels"][OPT_IN_LABEL] = "false"
     pod = pod_from_object(opted_out, name=f"{engine}-0")
     assert pod is not None and pod.ready and pod.events is None
+
+
+def test_replicas_find_each_other_and_only_they_reach_the_sync_port(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["base"]
+    config = find(objects, "ConfigMap", "kvgate-config")["data"]
+    sync = find(objects, "Service", "kvgate-sync")["spec"]
+    host, _, port = config["KVGATE_REPLICA_PEER_SERVICE"].partition(":")
+    assert host == "kvgate-sync" and sync["clusterIP"] == "None"
+    assert sync["publishNotReadyAddresses"] is True
+    assert [p["port"] for p in sync["ports"]] == [int(port)]
+    assert config["KVGATE_REPLICA_SYNC_BIND"].endswith(f":{port}")
+    container = pod_template(objects, "kvgate")["spec"]["containers"][0]
+    assert {"name": "sync", "containerPort": int(port), "protocol": "TCP"} in container["ports"]
+    policy = find(objects, "NetworkPolicy", "kvgate")["spec"]
+    to_sync = next(rule for rule in policy["ingress"] if rule["ports"][0]["port"] == "sync")
+    assert to_sync["from"] == [{"podSelector": {"matchLabels": sync["selector"]}}]
