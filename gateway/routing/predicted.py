@@ -78,6 +78,8 @@ class MinPredictedTtftPicker:
     within `placement_tolerance` of the best, to the least active one (fewest requests
     lately): the instantaneous queue misses conversations between their turns. Without
     this, every new conversation follows its system prompt to one pod and stays there.
+    A first turn whose whole prompt a pod already holds (a retry, a regenerated answer) is
+    no placement.
 
     With an SLO (`x-slo-ttft-ms`): the pods predicted to meet it come first, best cache
     affinity first (keeping the cache warm costs nothing the client asked for); if none
@@ -135,7 +137,12 @@ class MinPredictedTtftPicker:
                     f"objective (best: {best * 1e3:.0f} ms)",
                     retry_after_s=max(1, round(best - slo + 0.5)),
                 )
-        placing = request.opens_conversation and self.placement_tolerance >= 0.0
+        # A first turn whose whole prompt some pod already holds is a repeat (a retry, a
+        # regenerated answer), not a new conversation: it goes where it is cached.
+        repeat = match is not None and 0 < request.prompt_blocks <= max(
+            match.blocks.values(), default=0
+        )
+        placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         if placing:
             least = min(predictions[pod.pod.name].own_tokens for pod in pods)
             costs = {name: p.with_own_tokens(least) for name, p in predictions.items()}

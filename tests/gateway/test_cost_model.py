@@ -291,3 +291,8 @@ def test_first_turns_are_placed_by_activity_despite_a_shared_prefix() -> None:
     assert first_turns == {"holder": 5, "other": 5}
     later = Counter(place(system + [20_000 + i] * 3 * BLOCK, opens=False) for i in range(4))
     assert later == {"holder": 4}  # no placement: the cache saving decides
+    asked = system + [30_000] * 3 * BLOCK
+    table.add_prefix("other", ModelContext(MODEL), table.prefix_hashes(asked))
+    for _ in range(4):  # "other" is the more active now, but holds the whole prompt: a repeat
+        cost.finish(cost.start(cost.predict("other", 10, 0.0), streamed=True))
+    assert Counter(place(asked, opens=True) for _ in range(3)) == {"other": 3}

@@ -430,7 +430,8 @@ async def test_admin_index_equals_the_engine_and_match_explains_the_choice(
         ]
         explained = (await admin.post("/admin/match", json=follow_up)).json()
         # A new conversation is a placement: it goes to the less active pod, cache or not.
-        placed = (await admin.post("/admin/match", json=chat("a new question"))).json()
+        # (A first turn whose every full block is cached is a repeat and stays.)
+        placed = (await admin.post("/admin/match", json=chat("a new question " * 8))).json()
     assert placed["chosen"] != pod
     assert explained["chosen"] == pod
     assert explained["pods"][pod]["matched_blocks"] > 0
