@@ -1,7 +1,7 @@
 """The models the fleet serves, as the engines themselves list them (`GET /v1/models`).
 
 Each pod's answer is cached: fetched the first time the list is asked for after the pod
-appears, and again every `interval_s`. The list merges the cards of the pods that are
+appears, and again every `interval_s` from then on. The list merges the cards of the pods that are
 ready and healthy, in pod-name order, one card per model id (the first pod's), only for
 models discovery says the pod serves (the list names what the gateway routes); every field
 the engine sent is kept (`max_model_len`, `root`, `parent`, `owned_by`; a LoRA adapter is
@@ -43,10 +43,11 @@ class ModelCatalog:
         """Pods asked at least once (answered or not): the list does not wait for them."""
 
     async def run(self) -> None:
-        """Refresh every pod's cards every `interval_s` (a supervised background task)."""
+        """Every `interval_s`, re-read the cards of the pods already asked (a supervised
+        background task; a gateway nobody asks for the list never polls the engines)."""
         while True:
-            await self.refresh(self._registry.all())
             await asyncio.sleep(self._interval_s)
+            await self.refresh([s for s in self._registry.all() if s.name in self._asked])
 
     async def refresh(self, states: list[PodState]) -> None:
         live = {state.name for state in self._registry.all()}
