@@ -1,4 +1,5 @@
-"""The OpenAI-compatible endpoints, /v1/models, /health, /ready and /metrics."""
+"""The OpenAI-compatible generation endpoints, /health, /ready and /metrics (the engines'
+other endpoints and /v1/models: `gateway.passthrough`)."""
 
 from __future__ import annotations
 
@@ -212,15 +213,6 @@ async def completions(request: Request) -> Response:
     return await _generate(request, "completion", "/v1/completions")
 
 
-async def models(request: Request) -> Response:
-    gateway = state_of(request)
-    data = [
-        {"id": name, "object": "model", "created": gateway.started_at, "owned_by": "kvgate"}
-        for name in gateway.registry.models()
-    ]
-    return JSONResponse({"object": "list", "data": data})
-
-
 async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
@@ -253,7 +245,6 @@ async def metrics(request: Request) -> Response:
 routes = [
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
-    Route("/v1/models", models, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/ready", ready, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from gateway import admin, api
+from gateway import admin, api, passthrough
 from gateway.discovery import (
     Discovery,
     KubernetesDiscovery,
@@ -37,6 +37,7 @@ from gateway.errors import GatewayError
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
 from gateway.metrics import GatewayMetrics
+from gateway.model_catalog import ModelCatalog
 from gateway.persistence import SnapshotRestorer, restore_snapshots, snapshot_writer
 from gateway.pinning import api as pinning_api
 from gateway.pinning.client import PinClient
@@ -96,7 +97,8 @@ def create_app(
             stack.enter_context(_reload_on_sighup(discovery))
             yield
 
-    app = Starlette(routes=[*api.routes, *admin.routes, *pinning_api.routes], lifespan=lifespan)
+    routes = [*api.routes, *passthrough.routes, *admin.routes, *pinning_api.routes]
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_middleware(
@@ -247,6 +249,9 @@ async def _start(
                            grace_s=settings.dead_pod_grace_s)  # fmt: skip
     background.start("dead-pod-reaper", reaper.run)
     background.start("pin-reconcile", pins.run)
+    gateway.models = ModelCatalog(registry, control_client,
+                                  interval_s=max(settings.scrape_interval_s, 10.0))  # fmt: skip
+    background.start("model-catalog", gateway.models.run)
     if sync is not None:
         background.start("replica-sync", sync.run)
     if writer is not None:

@@ -10,6 +10,7 @@ from starlette.requests import Request
 
 from gateway.discovery import Discovery
 from gateway.metrics import GatewayMetrics
+from gateway.model_catalog import ModelCatalog
 from gateway.pinning.manager import PinManager
 from gateway.proxy import Upstream
 from gateway.registry import PodRegistry
@@ -34,6 +35,8 @@ class GatewayState:
     discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
     pins: PinManager | None = None
     replica_sync: ReplicaSync | None = None
+    models: ModelCatalog | None = None
+    """The engines' own model cards (`GET /v1/models`)."""
     background: Supervised | None = None
     """The supervised background tasks (which are down, waiting for their restart)."""
 

@@ -1,7 +1,9 @@
 """Starlette app factory for one simulated engine; the lifespan starts and stops the engine.
 
-Routes: `/health`, `/v1/models`, `/tokenize`, `/detokenize`, `/v1/completions`,
-`/v1/chat/completions`, `/metrics`, `/load`; flavor vllm adds `/reset_prefix_cache`, flavor
+Routes: `/health`, `/v1/models` (the base model and its LoRA adapters, as vLLM lists
+them), `/tokenize`, `/detokenize`, `/v1/completions`, `/v1/chat/completions`,
+`/v1/responses`, `/v1/embeddings`, `/pooling`, `/score` and `/v1/score`, `/rerank`,
+`/v1/rerank` and `/v2/rerank`, `/metrics`, `/load`; flavor vllm adds `/reset_prefix_cache`, flavor
 sglang adds `/hicache/pin_blocks`, `/hicache/unpin_blocks` and `/flush_cache` (a vLLM engine
 answers 404 there, like a real one); `/sim/cache`, `/sim/stats` and `/sim/faults` inspect
 and break things; `probes.py` adds what external routers probe (`/server_info`,
@@ -11,7 +13,7 @@ and break things; `probes.py` adds what external routers probe (`/server_info`,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -26,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from simulator.engine import EngineBusyError, SimEngine
 from simulator.faults import FaultSpecError
 from simulator.openai_api import (
+    Handler,
     MidstreamCloseError,
     RequestError,
     check_model,
@@ -35,7 +38,9 @@ from simulator.openai_api import (
     prompt_tokens,
     read_json,
 )
+from simulator.pooling_api import embeddings, pooling, rerank, score
 from simulator.probes import probe_routes
+from simulator.responses_api import responses
 
 
 class _CutConnections:
@@ -73,7 +78,13 @@ def create_app(engine: SimEngine) -> Starlette:
             "parent": None,
             "max_model_len": engine.config.max_model_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        adapters = [  # vLLM: an adapter's root is its path, its parent the base model
+            {"id": name, "object": "model", "created": engine.created,
+             "owned_by": engine.config.flavor, "root": f"/adapters/{name}",
+             "parent": engine.config.model, "max_model_len": None}
+            for name in engine.config.loras
+        ]  # fmt: skip
+        return JSONResponse({"object": "list", "data": [card, *adapters]})
 
     async def tokenize(request: Request) -> Response:
         body = await read_json(request)
@@ -157,6 +168,12 @@ def create_app(engine: SimEngine) -> Starlette:
             raise RequestError(str(exc)) from exc
         return JSONResponse({"armed": armed})
 
+    def bound(handler: Callable[[SimEngine, Request], Awaitable[Response]]) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            return await handler(engine, request)
+
+        return guarded(endpoint)
+
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
@@ -164,6 +181,14 @@ def create_app(engine: SimEngine) -> Starlette:
         Route("/detokenize", guarded(detokenize), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+        Route("/v1/responses", bound(responses), methods=["POST"]),
+        Route("/v1/embeddings", bound(embeddings), methods=["POST"]),
+        Route("/pooling", bound(pooling), methods=["POST"]),
+        *(Route(path, bound(score), methods=["POST"]) for path in ("/score", "/v1/score")),
+        *(
+            Route(path, bound(rerank), methods=["POST"])
+            for path in ("/rerank", "/v1/rerank", "/v2/rerank")
+        ),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/load", load, methods=["GET"]),
         Route("/sim/cache", sim_cache, methods=["GET"]),

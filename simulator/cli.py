@@ -23,6 +23,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--host", default=_DEFAULTS.host, help="HTTP bind address")
     add("--port", type=int, default=_DEFAULTS.port, help="HTTP port (0 = any free port)")
     add("--model", default=_DEFAULTS.model, help="served model name")
+    add("--lora", action="append", default=[], help="a LoRA adapter name to list (repeatable)")
     add("--block-size", type=int, default=_DEFAULTS.block_size, help="tokens per KV block")
     add("--gpu-blocks", type=int, default=_DEFAULTS.gpu_blocks, help="GPU KV cache blocks")
     add("--host-blocks", type=int, default=0, help="host (CPU) tier blocks; 0 disables")
@@ -93,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         host=args.host,
         port=args.port,
         model=args.model,
+        loras=tuple(args.lora),
         block_size=args.block_size,
         gpu_blocks=args.gpu_blocks,
         host_blocks=args.host_blocks,

@@ -16,6 +16,9 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: int = 8001
     model: str = "sim-model"
+    loras: tuple[str, ...] = ()
+    """LoRA adapters served besides the model (listed by /v1/models; generation and
+    events treat them as the base model)."""
     block_size: int = 16
     gpu_blocks: int = 2048
     host_blocks: int = 0

@@ -1,5 +1,7 @@
 """vLLM-compatible OpenAI endpoints: `/v1/completions` and `/v1/chat/completions`.
 
+(`/v1/responses` is in `responses_api.py`, the pooling endpoints in `pooling_api.py`.)
+
 Non-streaming answers carry `usage.prompt_tokens_details.cached_tokens`; streaming answers
 are SSE chunks ending with `data: [DONE]`, plus a final usage chunk (empty `choices`) when
 `stream_options.include_usage` is set. A client that goes away aborts the request.
@@ -77,7 +79,7 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 def check_model(engine: SimEngine, body: dict[str, Any]) -> None:
     model = body.get("model")
-    if model is not None and model != engine.config.model:
+    if model is not None and model != engine.config.model and model not in engine.config.loras:
         raise RequestError(
             f"The model `{model}` does not exist. Valid aliases: {engine.config.model}.",
             status=404,

@@ -361,6 +361,8 @@ ENDPOINTS = [
     ("GET", "/admin/index?pod=e0"), ("GET", "/admin/snapshot?pod=e0"),
     ("POST", "/admin/match"), ("POST", "/admin/pin"), ("POST", "/admin/unpin"),
     ("GET", "/admin/pins"),
+    ("POST", "/v1/embeddings"), ("POST", "/v1/responses"), ("POST", "/tokenize"),
+    ("POST", "/score"), ("GET", "/v1/models/sim-model"),
 ]  # fmt: skip
 
 
