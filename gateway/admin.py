@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from gateway.api import read_json, requested_policy, validate
 from gateway.errors import BadRequest, NotFound, Unauthorized
+from gateway.logs import REQUEST_ID
 from gateway.persistence import capture_pod
 from gateway.registry import PodState
 from gateway.router import Kind
@@ -146,6 +147,7 @@ async def match(request: Request) -> Response:
         }
     return JSONResponse(
         {
+            "request_id": REQUEST_ID.get(),  # as in the log lines about this explanation
             "model": body["model"],
             "policy": decision.policy,
             "prompt_blocks": routed.request.prompt_blocks,

@@ -46,6 +46,7 @@ from gateway.proxy import ClientGone, Upstream, UpstreamCut
 from gateway.reaper import DeadPodReaper
 from gateway.registry import PodRegistry
 from gateway.replicas import ReplicaSync, ReplicaSyncCollector
+from gateway.request_id import RequestIds
 from gateway.router import Router, build_policies
 from gateway.routing import CostModel, PinLookup
 from gateway.scraper import MetricsScraper
@@ -107,7 +108,7 @@ def create_app(
         bodies_per_client=settings.max_bodies_per_client,
         on_reject=metrics.rejected.labels("TooManyRequests").inc,
     )
-    return _CutConnections(app)  # type: ignore[return-value]
+    return _CutConnections(app, access_log=settings.access_log)  # type: ignore[return-value]
 
 
 async def _start(
@@ -318,10 +319,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 class _CutConnections:
     """An engine failure after the response started ends it unfinished: uvicorn then drops
-    the client's connection, as the engine's own failure would have."""
+    the client's connection, as the engine's own failure would have. Inside it, request ids
+    and the access log (`gateway/request_id.py`) wrap the whole app, errors included."""
 
-    def __init__(self, app: Starlette) -> None:
-        self.app = app
+    def __init__(self, app: Starlette, *, access_log: bool = True) -> None:
+        self.app = RequestIds(app, access_log=access_log)
         self.state = app.state  # the gateway state, for embedding code and tests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from gateway.version import version
+
 
 class _Component(Protocol):
     def configure_parser(self, parser: argparse.ArgumentParser) -> None: ...
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvgate",
         description="kvgate: a KV-cache-aware gateway for LLM inference fleets.",
     )
+    parser.add_argument("--version", action="version", version=f"kvgate {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, summary, description) in _COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=description)

@@ -24,14 +24,16 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.http1 import Aborted, Exchange, Headers, Http1Error, Http1Pool, ResponseTimeout
+from gateway.logs import POD
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodState
 
 logger = logging.getLogger(__name__)
 
 _REQUEST_HEADERS = frozenset(
-    (b"content-type", b"accept", b"authorization", b"user-agent", b"x-request-id")
-)
+    (b"content-type", b"accept", b"authorization", b"user-agent", b"x-request-id",
+     b"traceparent", b"tracestate", b"baggage")  # W3C trace context goes on to the engine
+)  # fmt: skip
 # RFC 9110 §7.6.1: hop-by-hop fields, never relayed; plus any field a `Connection` header
 # names. `date` and `server` are the gateway's own to send.
 _HOP_BY_HOP = frozenset(
@@ -64,7 +66,8 @@ class ProxyRequest:
     path: str
     body: bytes
     headers: Sequence[tuple[bytes, bytes]]
-    """The client's raw headers; a few (content type, auth, request id...) go upstream."""
+    """The client's raw headers; a few (content type, auth, request id, trace context...)
+    go upstream."""
     model: str
     policy: str
     extra_response_headers: Callable[[PodState], Mapping[str, str]]
@@ -172,6 +175,7 @@ class Upstream:
             for attempt, state in enumerate(attempts):
                 last = attempt == len(attempts) - 1
                 started = self._clock()
+                POD.set(state.name)  # this request's log lines name the pod tried
                 if on_attempt is not None:
                     on_attempt(state)
                 self._acquire(state)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import math
 import os
 import random
@@ -14,6 +13,7 @@ import uvicorn
 
 from gateway.discovery import load_pods_file
 from gateway.http_protocol import bounded_protocol
+from gateway.logs import configure_logging
 from gateway.router import build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import DISCOVERIES, POLICIES, Settings
@@ -48,8 +48,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape otherwise
+    configure_logging(args.log_level, "text")  # until the settings name the format
     overrides = {
         "pods_file": args.pods,
         "discovery": args.discovery,
@@ -60,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     }
     try:
         settings = Settings.load(os.environ, overrides)
+        configure_logging(args.log_level, settings.log_format)
         if settings.discovery == "static":
             if settings.pods_file is None:
                 raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
@@ -78,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
-        access_log=False,
+        access_log=False,  # kvgate.access writes one line per request instead
+        log_config=None,  # uvicorn's loggers propagate to ours (same format, JSON included)
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
         timeout_keep_alive=30,
         http=bounded_protocol(

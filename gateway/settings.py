@@ -23,6 +23,7 @@ POLICIES = (
 """The built-in policies (gateway/routing/policies.toml); a routing config may add more."""
 ENGINES = ("vllm", "sglang")
 DISCOVERIES = ("static", "kubernetes")
+LOG_FORMATS = ("text", "json")
 DEFAULT_TIER_WEIGHTS = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.STORAGE: 0.25, Tier.EXPECTED: 0.9}
 
 T = TypeVar("T")
@@ -115,10 +116,17 @@ class Settings:
     replica_peer_service: str | None = None
     """`host:port` resolved every few seconds to every replica's address (a headless
     Service in Kubernetes): the peers, as they come and go."""
+    log_format: str = "text"
+    """`text` (timestamped lines) or `json` (one object per line), see `gateway/logs.py`."""
+    access_log: bool = True
+    """One `kvgate.access` line per request (status, pod, policy, cached blocks, TTFT,
+    duration)."""
 
     def __post_init__(self) -> None:
         if self.routing_config is None and self.default_policy not in POLICIES:
             raise ConfigError("KVGATE_DEFAULT_POLICY", self.default_policy, _one_of(POLICIES))
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError("KVGATE_LOG_FORMAT", self.log_format, _one_of(LOG_FORMATS))
         if self.discovery not in DISCOVERIES:
             raise ConfigError("KVGATE_DISCOVERY", self.discovery, _one_of(DISCOVERIES))
         if self.pin_default_ttl_s > self.pin_max_ttl_s:
@@ -255,6 +263,10 @@ class Settings:
         values["pin_budget_fraction"] = reader.get(
             "KVGATE_PIN_BUDGET_FRACTION", _fraction, 0.5, "a number in (0, 1]"
         )
+        values["log_format"] = reader.get(
+            "KVGATE_LOG_FORMAT", _choice(LOG_FORMATS), "text", _one_of(LOG_FORMATS)
+        )
+        values["access_log"] = reader.get("KVGATE_ACCESS_LOG", _bool, True, "true or false")
         values["index"] = IndexConfig.from_env(env)
         if (
             values["pin_default_ttl_s"] > values["pin_max_ttl_s"]
@@ -377,16 +389,22 @@ def _header(raw: str) -> str:
     return raw.lower()
 
 
-_DURATION_HELP = "a positive duration: seconds (2.5) or Go-style (500ms, 30s, 1m)"
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_HELP = "a positive duration: seconds (2.5) or Go-style (500ms, 30s, 1m30s, 2h)"
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
+          "h": 3600.0}  # fmt: skip
+_GO_TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
 def _duration(raw: str) -> float:
-    """Seconds from `2.5`, `500ms`, `30s`, `1m`, `1h` (the Go gateway used Go durations)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)?", raw)
-    if match is None:
-        raise ValueError(raw)
-    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    """Seconds from a number (`2.5`) or a Go duration: `500ms`, `30s`, `1m30s`, `2h45m`,
+    `1.5h` (AIBrix's gateway, written in Go, takes Go durations)."""
+    if re.fullmatch(r"\d+(?:\.\d+)?", raw):
+        value = float(raw)
+    else:
+        terms = list(_GO_TERM.finditer(raw))
+        if not terms or "".join(match.group(0) for match in terms) != raw:
+            raise ValueError(raw)
+        value = sum(float(match.group(1)) * _UNITS[match.group(2)] for match in terms)
     if value <= 0:
         raise ValueError(raw)
     return value

@@ -8,6 +8,7 @@ task it started and closes the sockets. The HTTP app (`simulator.app`) calls it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import itertools
@@ -103,6 +104,9 @@ class SimEngine:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._ids = itertools.count()
+        self.received_request_ids: collections.deque[str] = collections.deque(maxlen=1024)
+        """The `X-Request-Id` of each generation request received, latest last (vLLM names
+        its request after it); for tests and for following a request through a gateway."""
         self._publish_lock = asyncio.Lock()
         self.created = int(wall_clock())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +23,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from simulator.chat_template import ChatTemplateError
 from simulator.engine import SimEngine
 from simulator.scheduler import SimRequest
+
+logger = logging.getLogger(__name__)
 
 
 class MidstreamCloseError(ConnectionAbortedError):
@@ -153,7 +156,14 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
         return error_response("injected failure (sim fault)", status)
     sim = engine.new_request(prompt, max_tokens)
     kind = "chatcmpl" if chat else "cmpl"
-    response_id = f"{kind}-{uuid.uuid4().hex}"
+    client_id = request.headers.get("x-request-id")
+    # As vLLM: the request is named after the client's X-Request-Id, echoed in the answer.
+    headers = {"x-request-id": client_id} if client_id else None
+    if client_id:
+        engine.received_request_ids.append(client_id)
+        logger.debug("%s: request %s is X-Request-Id %s", engine.config.name, sim.request_id,
+                     client_id)  # fmt: skip
+    response_id = f"{kind}-{client_id or uuid.uuid4().hex}"
     created = int(time.time())
     model = engine.config.model
     if body.get("stream"):
@@ -162,7 +172,7 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
         close_early = engine.faults.take_midstream_close()
         engine.submit(sim)
         chunks = _stream(engine, sim, chat, response_id, created, model, include_usage, close_early)
-        return StreamingResponse(chunks, media_type="text/event-stream")
+        return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
     engine.submit(sim)
     try:
         if not await _generated_before_client_left(sim, request):
@@ -191,7 +201,8 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
             "model": model,
             "choices": [choice],
             "usage": _usage(sim),
-        }
+        },
+        headers=headers,
     )
 
 
