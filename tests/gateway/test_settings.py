@@ -119,15 +119,22 @@ def test_boolean_spellings(raw: str, expected: bool) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [("500ms", 0.5), ("30s", 30.0), ("1m", 60.0), ("1h", 3600.0), ("2.5", 2.5), ("0.5s", 0.5)],
-)
+    [("500ms", 0.5), ("30s", 30.0), ("1m", 60.0), ("1h", 3600.0), ("2.5", 2.5), ("0.5s", 0.5),
+     # Go's time.ParseDuration forms (AIBrix's gateway is written in Go)
+     ("1m30s", 90.0), ("2h", 7200.0), ("1h2m3.5s", 3723.5), ("1.5h", 5400.0), ("1s500ms", 1.5),
+     ("250us", 0.00025), ("1500000ns", 0.0015), (".5s", 0.5), ("45", 45.0)],
+)  # fmt: skip
 def test_durations(raw: str, seconds: float) -> None:
     assert Settings.load({"KVGATE_SCRAPE_INTERVAL": raw}).scrape_interval_s == pytest.approx(
         seconds
     )
 
 
-@pytest.mark.parametrize("raw", ["0", "0ms", "-1s", "1x", "ms", "1.5.2", "1 m", "1e3", "fast"])
+@pytest.mark.parametrize(
+    "raw",
+    ["0", "0ms", "-1s", "1x", "ms", "1.5.2", "1 m", "1e3", "fast", "1m30", "1m 30s", "0h0m",
+     "s1", "1m-30s", "inf", "nan", "1d"],
+)  # fmt: skip
 def test_invalid_durations_name_variable_value_and_allowed(raw: str) -> None:
     with pytest.raises(ConfigError) as caught:
         Settings.load({"AIBRIX_REMOTE_TOKENIZER_TIMEOUT": raw})
@@ -265,3 +272,15 @@ def test_direct_construction_validates_too() -> None:
         Settings(default_policy="nope")
     with pytest.raises(ConfigError, match="KVGATE_PORT"):
         Settings(port=65536)
+
+
+def test_log_settings() -> None:
+    assert Settings.load({}).log_format == "text"
+    assert Settings.load({}).access_log is True
+    settings = Settings.load({"KVGATE_LOG_FORMAT": "json", "KVGATE_ACCESS_LOG": "false"})
+    assert settings.log_format == "json"
+    assert settings.access_log is False
+    with pytest.raises(ConfigError) as caught:
+        Settings.load({"KVGATE_LOG_FORMAT": "xml"})
+    assert caught.value.variable == "KVGATE_LOG_FORMAT"
+    assert "json" in caught.value.allowed
