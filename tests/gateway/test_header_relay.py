@@ -1,5 +1,6 @@
 """What crosses the gateway in headers: hop-by-hop fields are never relayed (RFC 9110
-§7.6.1, both ways), and an engine cannot set the gateway's own x-kvgate-* headers."""
+§7.6.1, both ways), an engine cannot set the gateway's own x-kvgate-* headers, W3C trace
+context crosses both ways, the request id is the gateway's."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class Engine:
     def __init__(self) -> None:
         self.heads: list[bytes] = []
         self.server: asyncio.Server | None = None
+        self.answer = EVIL_ANSWER
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -41,7 +43,7 @@ class Engine:
                     writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
                 else:
                     self.heads.append(head)
-                    writer.write(EVIL_ANSWER)
+                    writer.write(self.answer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -87,3 +89,41 @@ async def test_hop_by_hop_and_forged_headers_are_not_relayed(
     (head,) = engine.heads
     assert b"authorization" not in head.lower()  # named by the client's Connection header
     assert b"x-request-id: r1" in head
+
+
+TRACED_ANSWER = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+    b"traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01\r\n"
+    b"tracestate: engine=1\r\nbaggage: tenant=acme\r\nx-request-id: engine-own\r\n\r\n{}"
+)
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_trace_context_crosses_both_ways_and_the_request_id_is_ours(
+    start_gateway: StartGateway, engine: Engine
+) -> None:
+    engine.answer = TRACED_ANSWER
+    gw = await start_gateway(engines=0, pods=[{"name": "raw", "url": engine.url, "model": MODEL}])
+    async with gw.client() as client:
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            headers={
+                "traceparent": TRACEPARENT,
+                "tracestate": "client=7",
+                "baggage": "user=42",
+                "x-request-id": "client-7",
+            },
+        )
+    assert response.status_code == 200
+    (head,) = engine.heads
+    lines = head.lower().split(b"\r\n")
+    assert f"traceparent: {TRACEPARENT}".encode() in lines
+    assert b"tracestate: client=7" in lines
+    assert b"baggage: user=42" in lines
+    assert lines.count(b"x-request-id: client-7") == 1
+    headers = response.headers
+    assert headers["traceparent"] == "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01"
+    assert headers["tracestate"] == "engine=1"
+    assert headers["baggage"] == "tenant=acme"
+    assert headers.get_list("x-request-id") == ["client-7"]  # the engine's own is replaced

@@ -1,0 +1,264 @@
+"""Following a request: its id from the client through the gateway's log lines to the
+engine and back, JSON and text logs, the access log, `kvgate --version`."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.logs import JsonFormatter, TextFormatter
+from gateway.version import VERSION, version
+from tests.gateway.conftest import MODEL, StartGateway
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Lines:
+    """Log lines as the gateway writes them: a real handler with a real formatter on the
+    root logger, at INFO."""
+
+    def __init__(self, formatter: logging.Formatter) -> None:
+        self.stream = io.StringIO()
+        self.handler = logging.StreamHandler(self.stream)
+        self.handler.setFormatter(formatter)
+
+    def text(self) -> list[str]:
+        return self.stream.getvalue().splitlines()
+
+    def json(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.text()]
+
+    async def wait_for(self, predicate: Any, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """The JSON lines matching `predicate`, once there is one (an access line is written
+        just after the answer's last byte)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            found = [entry for entry in self.json() if predicate(entry)]
+            if found or loop.time() > deadline:
+                return found
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def json_lines(caplog: pytest.LogCaptureFixture) -> Iterator[Lines]:
+    yield from _capture(caplog, JsonFormatter())
+
+
+@pytest.fixture
+def text_lines(caplog: pytest.LogCaptureFixture) -> Iterator[Lines]:
+    yield from _capture(caplog, TextFormatter())
+
+
+def _capture(caplog: pytest.LogCaptureFixture, formatter: logging.Formatter) -> Iterator[Lines]:
+    caplog.set_level(logging.INFO)
+    lines = Lines(formatter)
+    root = logging.getLogger()
+    root.addHandler(lines.handler)
+    try:
+        yield lines
+    finally:
+        root.removeHandler(lines.handler)
+
+
+async def test_the_clients_request_id_reaches_the_engine_and_comes_back(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        response = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-request-id": "client-req-1"}
+        )
+        streamed = await client.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": True},
+            headers={"x-request-id": "client-req-2"},
+        )
+    assert response.status_code == 200
+    assert response.headers.get_list("x-request-id") == ["client-req-1"]
+    assert response.json()["id"] == "chatcmpl-client-req-1"  # vLLM names it after the id
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    assert streamed.headers.get_list("x-request-id") == ["client-req-2"]
+    assert list(gw.engines[0].engine.received_request_ids) == ["client-req-1", "client-req-2"]
+
+
+async def test_a_request_without_an_id_gets_one(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        first = await client.post("/v1/chat/completions", json=CHAT)
+        second = await client.post("/v1/chat/completions", json=CHAT)
+    ids = [first.headers["x-request-id"], second.headers["x-request-id"]]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", request_id) for request_id in ids)  # uuid4 hex
+    assert ids[0] != ids[1]
+    assert list(gw.engines[0].engine.received_request_ids) == ids
+
+
+@pytest.mark.parametrize(
+    "given", ["x" * 129, "has space", "semi;colon", 'quote"d', "new\tline", "ünïcode"]
+)
+async def test_an_unacceptable_id_is_replaced(start_gateway: StartGateway, given: str) -> None:
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        response = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={b"x-request-id": given.encode()}
+        )
+    assert response.status_code == 200
+    made = response.headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", made)
+    assert list(gw.engines[0].engine.received_request_ids) == [made]
+
+
+async def test_errors_carry_the_request_id(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        unknown_model = await client.post(
+            "/v1/chat/completions", json={**CHAT, "model": "nope"}, headers={"x-request-id": "e1"}
+        )
+        bad_json = await client.post(
+            "/v1/chat/completions", content=b"{", headers={"x-request-id": "e2"}
+        )
+        no_route = await client.get("/v2/nothing", headers={"x-request-id": "e3"})
+        unauthorized = await client.get("/admin/pods")
+    assert (unknown_model.status_code, unknown_model.headers["x-request-id"]) == (404, "e1")
+    assert (bad_json.status_code, bad_json.headers["x-request-id"]) == (400, "e2")
+    assert (no_route.status_code, no_route.headers["x-request-id"]) == (404, "e3")
+    assert unauthorized.status_code == 401
+    assert re.fullmatch(r"[0-9a-f]{32}", unauthorized.headers["x-request-id"])
+    assert not gw.engines[0].engine.received_request_ids
+
+
+async def test_the_admin_decision_record_names_the_request(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(engines=2)
+    async with gw.admin() as admin:
+        explained = await admin.post("/admin/match", json=CHAT, headers={"x-request-id": "why-1"})
+    assert explained.status_code == 200
+    assert explained.json()["request_id"] == "why-1"
+    assert explained.headers["x-request-id"] == "why-1"
+
+
+async def test_json_lines_follow_a_request_by_its_id(
+    start_gateway: StartGateway, json_lines: Lines
+) -> None:
+    dead = {"name": "dead", "url": "http://127.0.0.1:9", "model": MODEL}  # refuses connections
+    gw = await start_gateway(engines=1, unhealthy_after=1000, default_policy="round-robin")
+    live = gw.engines[0].engine.config.name
+    gw.write_pods([dead, {"name": live, "url": gw.engines[0].url, "model": MODEL}])
+    async with gw.client() as client:
+        for _ in range(50):  # until the reloaded pods file is seen
+            if {state.name for state in gw.state.registry.all()} == {"dead", live}:
+                break
+            await asyncio.sleep(0.05)
+        ids = []
+        for n in range(2):  # round-robin: one of the two goes to the dead pod first
+            response = await client.post(
+                "/v1/chat/completions", json=CHAT, headers={"x-request-id": f"follow-{n}"}
+            )
+            assert response.status_code == 200
+            assert response.headers["x-kvgate-pod"] == live
+            ids.append(response.headers["x-request-id"])
+    access = await json_lines.wait_for(
+        lambda entry: entry["logger"] == "kvgate.access" and entry["request_id"] == "follow-1"
+    )
+    entries = json_lines.json()
+    for entry in entries:
+        assert {"time", "level", "logger", "message", "request_id", "pod"} <= entry.keys()
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
+    retried = [entry for entry in entries if entry["logger"] == "gateway.proxy"]
+    assert len(retried) == 1 and "retrying on another pod" in retried[0]["message"]
+    assert retried[0]["request_id"] in ids and retried[0]["pod"] == "dead"
+    assert retried[0]["level"] == "INFO"
+    (line,) = access
+    assert line["level"] == "INFO" and line["pod"] == live
+    assert line["status"] == 200 and line["method"] == "POST"
+    assert line["path"] == "/v1/chat/completions"
+    assert line["policy"] == "round-robin"
+    assert line["cached_blocks"] == 0
+    assert 0 < line["ttft_ms"] <= line["duration_ms"]
+    assert list(gw.engines[0].engine.received_request_ids) == ids
+
+
+async def test_text_lines_have_a_timestamp_and_the_request(
+    start_gateway: StartGateway, text_lines: Lines
+) -> None:
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "t-1"})
+    pod = gw.engines[0].engine.config.name
+    pattern = (
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO kvgate\.access "
+        rf"\[request_id=t-1 pod={pod}\]: POST /v1/chat/completions status=200 pod={pod} "
+        r"policy=prefix-cache cached_blocks=\d+ ttft_ms=[\d.]+ duration_ms=[\d.]+"
+    )
+    for _ in range(100):
+        if any(re.fullmatch(pattern, line) for line in text_lines.text()):
+            break
+        await asyncio.sleep(0.01)
+    assert any(re.fullmatch(pattern, line) for line in text_lines.text()), text_lines.text()
+
+
+async def test_probes_are_access_logged_at_debug(
+    start_gateway: StartGateway, json_lines: Lines
+) -> None:
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        await client.get("/health", headers={"x-request-id": "probe"})
+        await client.get("/v1/models", headers={"x-request-id": "models"})
+    assert await json_lines.wait_for(lambda entry: entry["request_id"] == "models")
+    assert not [entry for entry in json_lines.json() if entry["request_id"] == "probe"]
+
+
+async def test_the_access_log_can_be_turned_off(
+    start_gateway: StartGateway, json_lines: Lines
+) -> None:
+    gw = await start_gateway(engines=1, access_log=False)
+    async with gw.client() as client:
+        response = await client.post(
+            "/v1/chat/completions", json=CHAT, headers={"x-request-id": "quiet"}
+        )
+    assert response.headers["x-request-id"] == "quiet"
+    await asyncio.sleep(0.1)
+    assert not [entry for entry in json_lines.json() if entry["logger"] == "kvgate.access"]
+
+
+def test_json_lines_are_one_object_each_even_with_newlines_and_tracebacks() -> None:
+    lines = Lines(JsonFormatter())
+    logger = logging.getLogger("kvgate.test")
+    logger.addHandler(lines.handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("two\nlines")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("failed")
+    finally:
+        logger.removeHandler(lines.handler)
+    first, second = lines.json()
+    assert first["message"] == "two\nlines" and first["request_id"] is None
+    assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
+
+
+def test_kvgate_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert result.stdout.strip() == f"kvgate {version()}"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert declared == VERSION  # the fallback constant follows the package's version
