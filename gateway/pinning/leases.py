@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gateway.logs import REQUEST_ID
 from indexer import EngineHash, ModelContext, Tier
 
 Source = Literal["admin", "request"]
@@ -49,6 +50,8 @@ class Lease:
     checked_at: tuple[int, int] | None = None
     """The pod's index generation when this lease was last resolved against it: an
     incomplete lease is resolved again only once the index changed."""
+    request_id: str | None = field(default_factory=REQUEST_ID.get)
+    """The request that made it (`/admin/pin`, or a chat request's `x-kvgate-pin`)."""
 
     @property
     def state(self) -> LeaseState:
@@ -63,6 +66,7 @@ class Lease:
             "model": self.model,
             "source": self.source,
             "session": self.session,
+            "request_id": self.request_id,
             "state": self.state,
             "blocks": len(self.held),
             "tiers": {tier.name: n for tier, n in self.tiers.items() if n},

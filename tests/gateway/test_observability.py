@@ -148,6 +148,16 @@ async def test_the_admin_decision_record_names_the_request(start_gateway: StartG
     assert explained.headers["x-request-id"] == "why-1"
 
 
+async def test_pin_leases_name_the_request_that_made_them(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(1, engine_overrides={"flavor": "sglang"})
+    async with gw.admin() as admin:
+        made = await admin.post("/admin/pin", json=CHAT, headers={"x-request-id": "pin-1"})
+        listed = await admin.get("/admin/pins")
+    assert made.status_code == 200, made.text
+    assert made.json()["request_id"] == "pin-1"
+    assert [lease["request_id"] for lease in listed.json()["pins"]] == ["pin-1"]
+
+
 async def test_json_lines_follow_a_request_by_its_id(
     start_gateway: StartGateway, json_lines: Lines
 ) -> None:
