@@ -7,7 +7,9 @@ import asyncio
 import io
 import json
 import logging
+import os
 import re
+import signal
 import subprocess
 import sys
 import tomllib
@@ -15,11 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.logs import JsonFormatter, TextFormatter
 from gateway.version import VERSION, version
-from tests.gateway.conftest import MODEL, StartGateway
+from tests.conftest import StartEngine
+from tests.gateway.conftest import MODEL, StartGateway, pod_entry
+from tests.helpers import eventually, free_port
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,3 +277,53 @@ def test_kvgate_version() -> None:
     assert result.stdout.strip() == f"kvgate {version()}"
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert declared == VERSION  # the fallback constant follows the package's version
+
+
+async def test_kvgate_serve_json_logs_follow_a_request_to_the_engine(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """The whole path as deployed: `kvgate serve` with KVGATE_LOG_FORMAT=json, every line of
+    its output (uvicorn's included) one JSON object, the request found by its id there and
+    at the engine."""
+    engine = await start_engine(name="e0")
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"pods": [pod_entry(engine)]}))
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    env = {**os.environ, "KVGATE_LOG_FORMAT": "json", "KVGATE_SCRAPE_INTERVAL": "0.2"}
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
+            "--port", str(port), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+            async def ready() -> bool:
+                try:
+                    return (await client.get("/ready")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await eventually(ready, within=30, what="the gateway ready")
+            response = await client.post("/v1/chat/completions", json=CHAT)
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+
+        def logged() -> bool:
+            return f'"request_id": "{request_id}"' in log.read_text(errors="replace")
+
+        await eventually(logged, within=10, what="the access line")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            process.kill()
+            await asyncio.wait_for(process.wait(), 10)
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {"uvicorn.error", "gateway.app", "kvgate.access"} <= {e["logger"] for e in entries}
+    (access,) = [entry for entry in entries if entry["request_id"] == request_id]
+    assert access["logger"] == "kvgate.access" and access["status"] == 200
+    assert access["pod"] == engine.engine.config.name
+    assert request_id in engine.engine.received_request_ids
