@@ -99,6 +99,19 @@ async def test_the_clients_request_id_reaches_the_engine_and_comes_back(
     assert list(gw.engines[0].engine.received_request_ids) == ["client-req-1", "client-req-2"]
 
 
+async def test_pass_through_endpoints_carry_the_request_id(start_gateway: StartGateway) -> None:
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        embedded = await client.post(
+            "/v1/embeddings",
+            json={"model": MODEL, "input": "hello"},
+            headers={"x-request-id": "emb-1"},
+        )
+        card = await client.get(f"/v1/models/{MODEL}", headers={"x-request-id": "card-1"})
+    assert (embedded.status_code, embedded.headers.get_list("x-request-id")) == (200, ["emb-1"])
+    assert (card.status_code, card.headers.get_list("x-request-id")) == (200, ["card-1"])
+
+
 async def test_a_request_without_an_id_gets_one(start_gateway: StartGateway) -> None:
     gw = await start_gateway(engines=1)
     async with gw.client() as client:
