@@ -181,11 +181,11 @@ async def test_slow_bodies_hold_no_slot(serve_gateway: ServeGateway) -> None:
 
 def _in_progress(gw: object) -> int:
     """The limiter's count, found in the app's middleware stack."""
-    node = gw.app.app.middleware_stack  # type: ignore[attr-defined]
+    node: object = gw.app  # type: ignore[attr-defined]
     while node is not None:
         if type(node).__name__ == "ConcurrencyLimit":
-            return int(node.in_progress)
-        node = getattr(node, "app", None)
+            return int(node.in_progress)  # type: ignore[attr-defined]
+        node = getattr(node, "middleware_stack", None) or getattr(node, "app", None)
     raise AssertionError("no ConcurrencyLimit in the middleware stack")
 
 
