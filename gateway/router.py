@@ -184,7 +184,11 @@ class Router:
             learn=routed.request.prompt_blocks > 0,
         )
         if self.sync is not None:
-            self.sync.decided(ticket, routed.request.context, routed.prefix_hashes)
+            # Only the blocks the pod does not hold yet: the peers' own view has the rest
+            # (the same engine events, our earlier decisions), and a long conversation's
+            # turn then costs them a few blocks, not its whole history.
+            held = routed.matched_blocks(state.name)
+            self.sync.decided(ticket, routed.request.context, routed.prefix_hashes[held:])
         slo = routed.request.slo_ttft_s
         if slo is not None:
             met = prediction.ttft_s <= slo

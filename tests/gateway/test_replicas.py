@@ -71,13 +71,27 @@ async def test_a_decision_on_one_replica_is_seen_by_the_other(
     received = sync_b.peers[sync_a.replica].received
     await eventually(lambda: received["f"] >= 1, what="the end of the exchange shared")
     assert received["d"] == 1 and received["b"] == 1
+    # The next turn: the first replica shares only the blocks the pod does not hold yet,
+    # and the other replica's view of the whole longer prompt is complete.
+    later = body("hi")
+    later["messages"] = [*later["messages"], {"role": "assistant", "content": "hello " * 40},
+                         {"role": "user", "content": "and now? " * 20}]  # fmt: skip
+    sent = sync_a.sent["d"]
+    async with first.client() as client:
+        answer = await client.post("/v1/chat/completions", json={**later, "stream": False})
+        assert answer.status_code == 200 and answer.headers["x-kvgate-pod"] == pod
+    assert sync_a.sent["d"] == sent + 1
+    await eventually(lambda: received["f"] >= 2, what="the second turn shared")
+    async with second.admin() as admin:
+        view = (await admin.post("/admin/match", json=later)).json()
+    assert view["pods"][pod]["matched_blocks"] == view["prompt_blocks"] > 0
     assert second.state.router.cost.outstanding(pod) == (0.0, 0, 0)  # nothing left behind
     async with second.admin() as admin:
         view = (await admin.get("/admin/pods")).json()["replica_sync"]
     assert view["peers"][0]["replica"] == sync_a.replica and view["peers"][0]["live"]
     async with second.client() as client:
         page = (await client.get("/metrics")).text
-    assert 'kvgate_replica_sync_messages_total{direction="received",kind="d"} 1.0' in page
+    assert 'kvgate_replica_sync_messages_total{direction="received",kind="d"} 2.0' in page
     assert "kvgate_replica_sync_peers_live 1.0" in page
 
 
