@@ -7,15 +7,26 @@ is read when Prometheus scrapes, by a collector, so it costs nothing between scr
 from __future__ import annotations
 
 import asyncio
+import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.registry import PodRegistry
 from gateway.routing.cost import FEATURES, CostModel
+from gateway.version import version
 from indexer import SyncPrefixHashTable
 from subscriber import RejectCounter
 
@@ -33,6 +44,14 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # What operators expect on any Python service's page: process_* (CPU, memory, fds),
+        # python_info and python_gc_*; and which kvgate this is.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        Info("kvgate_build", "The running kvgate: version and Python", registry=registry).info(
+            {"version": version(), "python": platform.python_version()}
+        )
         self.requests = Counter(
             "kvgate_requests",
             "Proxied requests, each once, by model, the pod that answered (or was tried "
