@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import random
+import socket
 import sys
 from pathlib import Path
 
@@ -86,6 +87,28 @@ def run(args: argparse.Namespace) -> int:
             max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s
         ),
     )
+    # Bind before the lifespan starts: a taken port fails at once, before the gateway
+    # subscribes to every engine and logs that it is ready.
+    try:
+        listener = _listen(settings.host, settings.port)
+    except OSError as exc:
+        print(f"kvgate serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     server = uvicorn.Server(config)
-    server.run()
+    with listener:
+        server.run(sockets=[listener])
     return 0 if server.started else 1
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.set_inheritable(True)
+    except OSError:
+        listener.close()
+        raise
+    return listener

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from collections import Counter
 from pathlib import Path
@@ -522,3 +523,25 @@ async def test_serve_refuses_invalid_configuration(tmp_path: Path) -> None:
         message = stderr.decode()
         assert process.returncode == 2, message
         assert variable in message and repr(value) in message and allowed in message, message
+
+
+async def test_serve_on_a_taken_port_fails_at_once_without_claiming_readiness(
+    tmp_path: Path,
+) -> None:
+    pods = tmp_path / "pods.json"
+    pods.write_text('{"pods": []}')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
+            "--port", str(port), "--log-level", "info",
+            env={"PATH": "/usr/bin:/bin"},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    output = stdout.decode() + stderr.decode()
+    assert process.returncode == 1, output
+    assert f"cannot listen on 127.0.0.1:{port}" in output
+    assert "gateway ready" not in output  # the lifespan never ran: nothing subscribed
