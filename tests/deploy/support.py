@@ -16,7 +16,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 # Every kustomization under deploy/ (tests render each of them).
-KUSTOMIZATIONS = ("base", "examples", "observability")
+KUSTOMIZATIONS = ("namespace", "base", "examples", "observability")
 # Kubernetes versions the manifests are validated against: the oldest we support and the
 # newest kubernetes-validate bundles (its schemas ship in the wheel: no network needed).
 K8S_VERSIONS = ("1.30.0", "1.37.0")

@@ -58,9 +58,10 @@ def pod_template(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
 def test_every_kustomization_renders(rendered: dict[str, list[dict[str, Any]]]) -> None:
     kinds = {name: sorted(obj["kind"] for obj in objects) for name, objects in rendered.items()}
     assert kinds["base"] == sorted(
-        ["Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment",
+        ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment",
          "Service", "Service", "NetworkPolicy", "PodDisruptionBudget"]
     )  # fmt: skip
+    assert kinds["namespace"] == ["Namespace"]  # apart: deleting the gateway keeps it
     assert kinds["examples"] == ["Deployment", "Deployment"]
     assert kinds["observability"] == ["ConfigMap", "ServiceMonitor"]
 
@@ -299,7 +300,7 @@ def test_scrape_config_keeps_the_gateway_pods(rendered: dict[str, list[dict[str,
         kept += 1
     assert kept >= 2
     assert job["kubernetes_sd_configs"][0]["namespaces"]["names"] == [
-        find(rendered["base"], "Namespace")["metadata"]["name"]
+        find(rendered["namespace"], "Namespace")["metadata"]["name"]
     ]
     targets = {rule.get("target_label") for rule in job["relabel_configs"]}
     assert "pod" not in targets  # kvgate's metrics have their own `pod` label
