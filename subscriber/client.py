@@ -274,7 +274,7 @@ class PodSubscriber:
             # The replay socket did not answer before (engine down?): it may now.
             await self._replay_from_start()
             return
-        await self._catch_up("idle probe")
+        await self._catch_up("idle probe", probe=True)
 
     async def _watch_connection(self, sub: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket) -> None:
         try:
@@ -385,8 +385,10 @@ class PodSubscriber:
         await self._replay_from_start()
         return not self._rebaseline
 
-    async def _catch_up(self, why: str) -> bool:
+    async def _catch_up(self, why: str, *, probe: bool = False) -> bool:
         """Settle a gap, an odd seq or a reconnect by replaying from the last applied seq.
+        A `probe` (silence, nothing known to be wrong) is counted as an idle probe, not as a
+        replay: an idle pod would otherwise show a replay every `idle_probe_s`.
 
         False when no replay could settle it: the pod was reset and the next live batch
         becomes its new baseline.
@@ -398,7 +400,7 @@ class PodSubscriber:
             await self._replay_from_start()
             return not self._rebaseline
         try:
-            entries = await self._replay(last)
+            entries = await self._replay(last, counted=not probe)
         except ReplayUnavailableError as exc:
             self._reset(degraded=f"{why}; no replay ({exc}): pod reset", cause="replay_unavailable")
             self._rebaseline = True
@@ -420,10 +422,11 @@ class PodSubscriber:
             await self._apply_entries(entries[1:])
         return not self._rebaseline
 
-    async def _replay(self, start: int) -> list[ReplayEntry]:
+    async def _replay(self, start: int, *, counted: bool = True) -> list[ReplayEntry]:
         if self.endpoint.replay is None:
             raise ReplayUnavailableError("the pod has no replay endpoint")
-        self._counters.replays += 1
+        if counted:
+            self._counters.replays += 1
         previous_phase, self._phase = self._phase, Phase.REPLAYING
         try:
             return await fetch_replay(

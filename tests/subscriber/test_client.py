@@ -403,3 +403,19 @@ async def test_a_bound_event_socket_refuses_publishers_from_other_addresses(
     assert fleet.table.dump(pod) == before  # nothing forged reached the index
     await traffic(server, "still genuine")
     await fleet.wait_in_sync(server)  # the engine's own connection is unaffected
+
+
+async def test_an_idle_pod_is_probed_without_counting_replays(
+    start_engine: StartEngine, fleet: Fleet
+) -> None:
+    """Silence is checked every idle_probe_s; those checks are idle probes, not replays (a
+    dashboard of replays must show recoveries, not the clock)."""
+    server = await start_engine()
+    await fleet.subscribe(server)
+    await traffic(server, "warm")
+    await fleet.wait_in_sync(server)
+    replays = fleet.status(server).replays
+    probes = fleet.status(server).idle_probes
+    await eventually(lambda: fleet.status(server).idle_probes >= probes + 3, within=10,
+                     what="three idle probes")  # fmt: skip
+    assert fleet.status(server).replays == replays
