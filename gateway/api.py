@@ -223,12 +223,15 @@ def readiness(gateway: GatewayState) -> tuple[bool, str]:
     down = gateway.background.down if gateway.background is not None else set()
     if "discovery" in down:
         return False, "discovery failed and is restarting: the pod list may be stale"
-    if not gateway.registry.routable():
-        return False, "no routable pod"
-    for state in gateway.registry.routable():  # a starting engine must not hold us back
+    routable = gateway.registry.routable()
+    for state in routable:  # a starting engine must not hold us back
         status = gateway.registry.subscriber_status(state.name)
         if status is not None and status.phase is Phase.STARTING:
             return False, f"subscriber of {state.name} is starting"
+    if not routable:
+        # Still ready: out of its Service, the gateway would leave clients with connection
+        # errors; in it, each request gets 503 + Retry-After until an engine is back.
+        return True, "ready; no routable engine (requests get 503 + Retry-After)"
     return True, "ready"
 
 
