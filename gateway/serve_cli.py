@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 import random
@@ -17,8 +18,10 @@ from gateway.http_protocol import bounded_protocol
 from gateway.logs import configure_logging
 from gateway.router import build_policies
 from gateway.runtime import tune_gc
-from gateway.settings import DISCOVERIES, POLICIES, Settings
+from gateway.settings import DISCOVERIES, POLICIES, Settings, unread_variables
 from indexer import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -61,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = Settings.load(os.environ, overrides)
         configure_logging(args.log_level, settings.log_format)
+        for name in unread_variables(os.environ):
+            logger.warning(
+                "%s is set but kvgate reads no such setting (a typo, or an AIBrix setting "
+                "kvgate has no counterpart for; README lists every setting)",
+                name,
+            )
         if settings.discovery == "static":
             if settings.pods_file is None:
                 raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")

@@ -4,9 +4,10 @@ variable, the value and what is allowed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -288,6 +289,46 @@ class Settings:
             )
             return replace(self, kv_event_sync=False)
         return self
+
+
+def unread_variables(env: Mapping[str, str]) -> list[str]:
+    """`KVGATE_*` and `AIBRIX_*` variables set in `env` that no setting reads: a typo, or an
+    AIBrix setting kvgate has no feature for (warned about once at start-up)."""
+    asked = _AskedNames(env)
+    with contextlib.suppress(ConfigError):
+        Settings.load(asked)
+    return sorted(
+        name
+        for name in env
+        if name.startswith(("KVGATE_", "AIBRIX_")) and name not in asked.names
+    )
+
+
+class _AskedNames(Mapping[str, str]):
+    """The environment, remembering which names were looked up."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+        self.names: set[str] = set()
+
+    def __getitem__(self, name: str) -> str:
+        self.names.add(name)
+        return self._env[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.names.add(name)
+        return self._env.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        if isinstance(name, str):
+            self.names.add(name)
+        return name in self._env
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._env)
+
+    def __len__(self) -> int:
+        return len(self._env)
 
 
 class _EnvReader:

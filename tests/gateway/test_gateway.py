@@ -526,7 +526,7 @@ async def test_serve_refuses_invalid_configuration(tmp_path: Path) -> None:
         assert variable in message and repr(value) in message and allowed in message, message
 
 
-async def test_serve_on_a_taken_port_fails_at_once_without_claiming_readiness(
+async def test_serve_warns_of_unread_variables_and_fails_at_once_on_a_taken_port(
     tmp_path: Path,
 ) -> None:
     pods = tmp_path / "pods.json"
@@ -538,7 +538,8 @@ async def test_serve_on_a_taken_port_fails_at_once_without_claiming_readiness(
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
             "--port", str(port), "--log-level", "info",
-            env={"PATH": "/usr/bin:/bin"},
+            env={"PATH": "/usr/bin:/bin", "KVGATE_PROT": "8080",
+                 "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "true"},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
@@ -546,3 +547,5 @@ async def test_serve_on_a_taken_port_fails_at_once_without_claiming_readiness(
     assert process.returncode == 1, output
     assert f"cannot listen on 127.0.0.1:{port}" in output
     assert "gateway ready" not in output  # the lifespan never ran: nothing subscribed
+    for typo in ("KVGATE_PROT", "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED"):  # unread: said
+        assert f"{typo} is set but kvgate reads no such setting" in output
