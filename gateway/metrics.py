@@ -293,8 +293,11 @@ class _FleetCollector(Collector):
         counters = {
             name: CounterMetricFamily(f"kvgate_subscriber_{name}", help_text, labels=["pod"])
             for name, help_text in (
-                ("replays", "Replays requested to recover or verify the pod's history (a gap, "
-                 "a reconnect, a restart; idle probes are counted apart)"),
+                (
+                    "replays",
+                    "Replays requested to recover or verify the pod's history (a gap, "
+                    "a reconnect, a restart; idle probes are counted apart)",
+                ),
                 ("idle_probes", "Replay checks after a silence (no batch for a while)"),
                 ("restarts", "Engine restarts detected"),
                 ("gaps", "Sequence gaps detected"),

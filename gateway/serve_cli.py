@@ -18,7 +18,14 @@ from gateway.http_protocol import bounded_protocol
 from gateway.logs import configure_logging
 from gateway.router import build_policies
 from gateway.runtime import tune_gc
-from gateway.settings import DISCOVERIES, POLICIES, Settings, unread_variables
+from gateway.settings import (
+    DISCOVERIES,
+    POLICIES,
+    Settings,
+    read_config_file,
+    setting_names,
+    unread_variables,
+)
 from indexer import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -47,7 +54,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "laid over the built-in policies (env KVGATE_ROUTING_CONFIG; docs/routing.md)",
     )  # fmt: skip
     parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="settings file, TOML or YAML: the "
+        "environment's names as keys (KVGATE_PORT = 8080); the environment overrides it",
+    )  # fmt: skip
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.epilog = (
+        "Every setting, read from the environment or a --config file (README, "
+        '"Configuration", has each default and meaning): ' + ", ".join(setting_names())
     )
 
 
@@ -62,9 +77,12 @@ def run(args: argparse.Namespace) -> int:
         "routing_config": args.routing_config,
     }
     try:
-        settings = Settings.load(os.environ, overrides)
+        env: dict[str, str] = dict(os.environ)
+        if args.config is not None:
+            env = {**read_config_file(args.config), **env}
+        settings = Settings.load(env, overrides)
         configure_logging(args.log_level, settings.log_format)
-        for name in unread_variables(os.environ):
+        for name in unread_variables(env):
             logger.warning(
                 "%s is set but kvgate reads no such setting (a typo, or an AIBrix setting "
                 "kvgate has no counterpart for; README lists every setting)",

@@ -7,10 +7,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import ConfigError, IndexConfig, Tier
@@ -291,6 +294,45 @@ class Settings:
         return self
 
 
+def setting_names() -> list[str]:
+    """Every environment variable (and `--config` key) a setting is read from."""
+    asked = _AskedNames({})
+    Settings.load(asked)
+    return sorted(name for name in asked.names if name.startswith(("KVGATE_", "AIBRIX_")))
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    """`kvgate serve --config FILE`: TOML or YAML, a flat table of the environment's names
+    (`KVGATE_PORT = 8080`). Values become the strings the environment would hold; a name no
+    setting reads, a nested table or an unreadable file is a ConfigError naming it."""
+    where = f"--config {path}"
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(where, str(path), f"a readable file ({exc})") from None
+    try:
+        yaml_file = path.suffix in (".yaml", ".yml")
+        data = (yaml.safe_load(raw) or {}) if yaml_file else tomllib.loads(raw)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(where, str(path), f"valid TOML or YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, type(data).__name__, "a table of settings")
+    known = set(setting_names())
+    values: dict[str, str] = {}
+    for name, value in data.items():
+        if name not in known:
+            raise ConfigError(f"{where}: {name}", value, "a setting's name (README)")
+        if isinstance(value, bool):
+            values[name] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            values[name] = str(value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            values[name] = ",".join(value)
+        else:
+            raise ConfigError(f"{where}: {name}", value, "a string, number, boolean or list")
+    return values
+
+
 def unread_variables(env: Mapping[str, str]) -> list[str]:
     """`KVGATE_*` and `AIBRIX_*` variables set in `env` that no setting reads: a typo, or an
     AIBrix setting kvgate has no feature for (warned about once at start-up)."""
@@ -298,9 +340,7 @@ def unread_variables(env: Mapping[str, str]) -> list[str]:
     with contextlib.suppress(ConfigError):
         Settings.load(asked)
     return sorted(
-        name
-        for name in env
-        if name.startswith(("KVGATE_", "AIBRIX_")) and name not in asked.names
+        name for name in env if name.startswith(("KVGATE_", "AIBRIX_")) and name not in asked.names
     )
 
 

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.settings import setting_names
 from simulator import LatencyModel
 from tests.gateway.conftest import ADMIN_TOKEN, MODEL, Gateway, StartGateway, pod_entry
 from tests.helpers import eventually, free_port
@@ -549,3 +551,51 @@ async def test_serve_warns_of_unread_variables_and_fails_at_once_on_a_taken_port
     assert "gateway ready" not in output  # the lifespan never ran: nothing subscribed
     for typo in ("KVGATE_PROT", "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED"):  # unread: said
         assert f"{typo} is set but kvgate reads no such setting" in output
+
+
+async def test_serve_reads_a_config_file_the_environment_overrides(tmp_path: Path) -> None:
+    pods = tmp_path / "pods.json"
+    pods.write_text('{"pods": []}')
+
+    async def serve(config: Path, **env: str) -> tuple[int | None, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
+            "--config", str(config), env={"PATH": "/usr/bin:/bin", **env},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+        return process.returncode, stdout.decode() + stderr.decode()
+
+    with socket.socket() as taken, socket.socket() as other:
+        for sock in (taken, other):
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+        port, env_port = taken.getsockname()[1], other.getsockname()[1]
+        toml = tmp_path / "kvgate.toml"
+        toml.write_text(f"KVGATE_PORT = {port}\nKVGATE_SLO_SHED = true\n")
+        code, output = await serve(toml)  # the file's port (taken: fails at once)
+        assert code == 1 and f"127.0.0.1:{port}" in output, output
+        code, output = await serve(toml, KVGATE_PORT=str(env_port))  # the environment wins
+        assert code == 1 and f"127.0.0.1:{env_port}" in output, output
+        yaml_file = tmp_path / "kvgate.yaml"
+        yaml_file.write_text(f"KVGATE_PORT: {port}\n")
+        code, output = await serve(yaml_file)
+        assert code == 1 and f"127.0.0.1:{port}" in output, output
+    bad = tmp_path / "bad.toml"
+    bad.write_text("KVGATE_PROT = 8080\n")
+    code, output = await serve(bad)
+    assert code == 2 and "KVGATE_PROT" in output and "a setting's name" in output, output
+    bad.write_text('KVGATE_DEFAULT_POLICY = "fastest"\n')
+    code, output = await serve(bad)
+    assert code == 2 and "KVGATE_DEFAULT_POLICY" in output, output
+
+
+def test_serve_help_lists_every_setting() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--help"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    text = " ".join(shown.stdout.split())
+    names = setting_names()
+    assert len(names) > 50
+    assert all(name in text for name in names), [n for n in names if n not in text]
