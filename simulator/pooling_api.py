@@ -114,35 +114,26 @@ async def embeddings(engine: SimEngine, request: Request) -> Response:
             "changing output dimensions will lead to poor results.",
             param="dimensions",
         )
-    inputs = _inputs(engine, body.get("input"), "input")
-    data = [
-        {"index": i, "object": "embedding",
-         "embedding": _encode(embed(tokens), body.get("encoding_format"))}
-        for i, tokens in enumerate(inputs)
-    ]  # fmt: skip
-    return JSONResponse(
-        {
-            "id": f"embd-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": engine.config.model,
-            "data": data,
-            "usage": _usage(sum(len(tokens) for tokens in inputs)),
-        }
-    )
+    return _vectors(engine, body, "embd", "embedding", "embedding")
 
 
 async def pooling(engine: SimEngine, request: Request) -> Response:
     body = await _body(engine, request)
+    return _vectors(engine, body, "pool", "pooling", "data")
+
+
+def _vectors(
+    engine: SimEngine, body: dict[str, Any], prefix: str, kind: str, field: str
+) -> Response:
+    """One vector per input, as vLLM lists them for /v1/embeddings and /pooling."""
     inputs = _inputs(engine, body.get("input"), "input")
     data = [
-        {"index": i, "object": "pooling",
-         "data": _encode(embed(tokens), body.get("encoding_format"))}
+        {"index": i, "object": kind, field: _encode(embed(tokens), body.get("encoding_format"))}
         for i, tokens in enumerate(inputs)
-    ]  # fmt: skip
+    ]
     return JSONResponse(
         {
-            "id": f"pool-{uuid.uuid4().hex}",
+            "id": f"{prefix}-{uuid.uuid4().hex}",
             "object": "list",
             "created": int(time.time()),
             "model": engine.config.model,
