@@ -25,7 +25,7 @@ from gateway.routing import (
     predict_all,
 )
 from gateway.routing.profile import PluginTimer
-from gateway.settings import Settings
+from gateway.settings import AIBRIX_STRATEGIES, Settings
 from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
@@ -94,10 +94,12 @@ class Router:
     def policy(self, name: str | None) -> RoutingProfile:
         if name is None:
             return self.policies[self.default_policy]
-        profile = self.policies.get(name.strip().lower())
+        key = name.strip().lower()
+        profile = self.policies.get(key) or self.policies.get(AIBRIX_STRATEGIES.get(key, ""))
         if profile is None:
             raise BadRequest(
-                f"unknown routing policy {name!r}; known: {', '.join(self.policies)}",
+                f"unknown routing policy {name!r}; known: {', '.join(self.policies)}; AIBrix "
+                f"strategies: {', '.join(AIBRIX_STRATEGIES)}",
                 param="x-kvgate-policy",
             )
         return profile

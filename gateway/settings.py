@@ -22,9 +22,21 @@ logger = logging.getLogger(__name__)
 
 POLICIES = (
     "prefix-cache", "predicted-latency", "prefix-share", "least-request", "round-robin", "random",
-    "session",
+    "session", "least-kv-cache",
 )  # fmt: skip
 """The built-in policies (gateway/routing/policies.toml); a routing config may add more."""
+AIBRIX_STRATEGIES = {
+    "random": "random",
+    "least-request": "least-request",
+    "prefix-cache": "prefix-cache",
+    "prefix-cache-and-load": "prefix-share",
+    "least-kv-cache": "least-kv-cache",
+    "least-gpu-cache": "least-kv-cache",
+    "least-latency": "predicted-latency",
+}
+"""AIBrix's routing strategy names (`routing-strategy` header, `ROUTING_ALGORITHM`) that kvgate
+has a counterpart for, and the policy each means here. AIBrix's `throughput` and
+`least-busy-time` have none: they are refused, naming these."""
 ENGINES = ("vllm", "sglang")
 DISCOVERIES = ("static", "kubernetes")
 LOG_FORMATS = ("text", "json")
@@ -164,9 +176,14 @@ class Settings:
             "KVGATE_K8S_LABEL_SELECTOR", str, "model.aibrix.ai/name", "a label selector"
         )
         values["routing_config"] = reader.get("KVGATE_ROUTING_CONFIG", Path, None, "a file path")
+        aibrix_default = reader.get(
+            "ROUTING_ALGORITHM", _choice(tuple(AIBRIX_STRATEGIES)), "prefix-cache",
+            "an AIBrix strategy kvgate has: " + _one_of(tuple(AIBRIX_STRATEGIES)),
+        )  # fmt: skip
         values["default_policy"] = reader.get(
-            "KVGATE_DEFAULT_POLICY", str, "prefix-cache", "a policy name: " + _one_of(POLICIES)
-        )
+            "KVGATE_DEFAULT_POLICY", str, AIBRIX_STRATEGIES[aibrix_default],
+            "a policy name: " + _one_of(POLICIES),
+        )  # fmt: skip
         values["slo_shed"] = reader.get("KVGATE_SLO_SHED", _bool, False, "true or false")
         values["use_remote_tokenizer"] = reader.get(
             "AIBRIX_USE_REMOTE_TOKENIZER", _bool, True, "true or false"

@@ -13,8 +13,9 @@ import yaml
 from gateway.router import build_policies
 from gateway.routing import load_specs
 from gateway.routing.config import BUILTIN, normalise, read_config
-from gateway.settings import POLICIES, Settings
+from gateway.settings import AIBRIX_STRATEGIES, POLICIES, Settings
 from indexer import ConfigError
+from tests.gateway.conftest import MODEL, StartGateway
 
 
 def test_the_builtin_policies_are_a_routing_config() -> None:
@@ -113,3 +114,22 @@ def test_serve_refuses_a_bad_routing_config_at_start(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "gpu_weight" in done.stderr and "profile x" in done.stderr
+
+
+async def test_aibrix_strategy_names_route_as_their_kvgate_policies(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=2)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with gw.client() as client:
+        for strategy, policy in AIBRIX_STRATEGIES.items():
+            answer = await client.post(
+                "/v1/chat/completions", json=body, headers={"routing-strategy": strategy}
+            )
+            assert answer.status_code == 200, strategy
+            assert answer.headers["x-kvgate-policy"] == policy
+        refused = await client.post(
+            "/v1/chat/completions", json=body, headers={"routing-strategy": "throughput"}
+        )
+    assert refused.status_code == 400
+    assert "least-kv-cache" in refused.json()["error"]["message"]  # what it could have asked
