@@ -42,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.routing.cost import CostModel, Ticket
-from indexer import ModelContext, SyncPrefixHashTable, UnknownPodError
+from indexer import ConfigError, ModelContext, SyncPrefixHashTable, UnknownPodError
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +123,13 @@ class ReplicaSync:
         pub = self._pub_context.socket(zmq.PUB)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, 10_000)
-        pub.bind(self.bind_endpoint)
+        try:
+            pub.bind(self.bind_endpoint)
+        except zmq.ZMQError as exc:
+            pub.close(linger=0)
+            raise ConfigError(
+                "KVGATE_REPLICA_SYNC_BIND", self.bind_endpoint, f"a free local endpoint ({exc})"
+            ) from None
         self.bind_endpoint = pub.getsockopt_string(zmq.LAST_ENDPOINT)
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)

@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 
+from gateway.replicas import ReplicaSync
+from gateway.routing import CostModel
+from indexer import ConfigError, IndexConfig, SyncPrefixHashTable
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
 from tests.helpers import eventually
@@ -143,3 +147,19 @@ async def test_peers_found_through_a_service_name(
     await eventually(lambda: first.state.replica_sync.replica in sync.peers, within=10,
                      what="the peer found by name and heard")  # fmt: skip
     assert f"tcp://127.0.0.1:{port}" in sync.view()["peer_endpoints"]
+
+
+def test_a_sync_port_already_taken_stops_start_up_naming_the_setting() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        endpoint = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        table = SyncPrefixHashTable(IndexConfig())
+        sync = ReplicaSync(bind=endpoint, peers=(), table=table, cost=CostModel(),
+                           known_pod=lambda name: False)  # fmt: skip
+        try:
+            with pytest.raises(ConfigError) as refused:
+                sync.start()
+        finally:
+            sync.close()
+    assert refused.value.variable == "KVGATE_REPLICA_SYNC_BIND"
