@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import re
+import time
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -133,6 +134,7 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     gateway = state_of(request)
     settings = gateway.settings
     raw, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
+    arrived = time.perf_counter()
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))
     session = request.headers.get(gateway.settings.session_header)
@@ -157,6 +159,17 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         if state is not first:  # a retry: the blocks and the prefill go to this pod instead
             router.dispatch(routed, state)
 
+    model_metrics = gateway.metrics
+    model = body["model"]
+
+    def on_first_byte(state: PodState) -> None:
+        router.first_byte(routed, state)
+        model_metrics.model_ttft.labels(model).observe(time.perf_counter() - arrived)
+
+    def on_done() -> None:
+        router.finish(routed)
+        model_metrics.model_duration.labels(model).observe(time.perf_counter() - arrived)
+
     def on_served(state: PodState, status: int) -> None:
         router.record_served(routed, state)
         if pin_turn is not None and 200 <= status < 300:  # x-kvgate-pin: pin it there
@@ -169,11 +182,11 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
             ClientWatch(request.receive),
             on_attempt=on_attempt,
             on_served=on_served,
-            on_first_byte=lambda state: router.first_byte(routed, state),
-            on_done=lambda: router.finish(routed),
+            on_first_byte=on_first_byte,
+            on_done=on_done,
         )
     except BaseException:
-        router.finish(routed)
+        on_done()
         raise
 
 

@@ -38,6 +38,7 @@ _ERROR_BUCKETS = (
     -5.0, -2.5, -1.0, -0.5, -0.25, -0.1, -0.05, -0.025, -0.01, 0.0,
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )  # fmt: skip
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -156,6 +157,22 @@ class GatewayMetrics:
             "Time from dispatch to the engine's first response byte, by pod",
             ["pod"],
             buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.model_ttft = Histogram(
+            "kvgate_time_to_first_byte_seconds",
+            "Chat and completion requests: from the complete request to the first body byte "
+            "of the answer (the engine's first token when streamed), by model",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.model_duration = Histogram(
+            "kvgate_request_duration_seconds",
+            "Chat and completion requests: from the complete request to the answer's last "
+            "byte (or its failure), by model",
+            ["model"],
+            buckets=_DURATION_BUCKETS,
             registry=registry,
         )
         self.tokenizer = Counter(

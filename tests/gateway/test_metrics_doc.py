@@ -57,6 +57,8 @@ async def test_every_metric_on_a_live_page_is_documented_and_nothing_else(
             assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
         await client.post("/v1/chat/completions", json={"model": "no-such-model", "messages": []})
         page = (await client.get("/metrics")).text
+    for per_model in ("kvgate_time_to_first_byte_seconds", "kvgate_request_duration_seconds"):
+        assert f'{per_model}_count{{model="{MODEL}"}} 3.0' in page, per_model
     for standard in ("process_resident_memory_bytes", "process_open_fds", "python_info"):
         assert f"\n{standard}" in page, standard  # what any Python service's page has
     types, labels = exposed(page)
