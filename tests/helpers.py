@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import random
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
 
 Check = Callable[[], bool] | Callable[[], Awaitable[bool]]
 
@@ -90,3 +96,36 @@ def run_kvgate(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[
         timeout=timeout,
         check=False,
     )
+
+
+@contextlib.asynccontextmanager
+async def kvgate_serve(
+    pods: Path, log: Path, env: dict[str, str], *args: str
+) -> AsyncIterator[httpx.AsyncClient]:
+    """`kvgate serve --pods PODS ARGS` as deployed, its output in `log`: a client to it once
+    it is ready; stopped with SIGTERM (killed if it does not stop) when the block ends."""
+    port = free_port()
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
+            "--port", str(port), *args,
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        )  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+            async def ready() -> bool:
+                try:
+                    return (await client.get("/ready")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await eventually(ready, within=30, what="the gateway ready")
+            yield client
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except TimeoutError:
+            process.kill()
+            await asyncio.wait_for(process.wait(), 10)

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import tomllib
@@ -17,14 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.logs import JsonFormatter, TextFormatter
 from gateway.version import VERSION, version
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
-from tests.helpers import eventually, free_port
+from tests.helpers import eventually, kvgate_serve
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
 ROOT = Path(__file__).resolve().parents[2]
@@ -301,25 +299,10 @@ async def test_kvgate_serve_json_logs_follow_a_request_to_the_engine(
     engine = await start_engine(name="e0")
     pods = tmp_path / "pods.json"
     pods.write_text(json.dumps({"pods": [pod_entry(engine)]}))
-    port = free_port()
     log = tmp_path / "gateway.log"
     env = {**os.environ, "KVGATE_LOG_FORMAT": "json", "KVGATE_SCRAPE_INTERVAL": "0.2"}
-    with log.open("wb") as out:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
-            "--port", str(port), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-        )  # fmt: skip
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-
-            async def ready() -> bool:
-                try:
-                    return (await client.get("/ready")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await eventually(ready, within=30, what="the gateway ready")
-            response = await client.post("/v1/chat/completions", json=CHAT)
+    async with kvgate_serve(pods, log, env) as client:
+        response = await client.post("/v1/chat/completions", json=CHAT)
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
 
@@ -327,13 +310,6 @@ async def test_kvgate_serve_json_logs_follow_a_request_to_the_engine(
             return f'"request_id": "{request_id}"' in log.read_text(errors="replace")
 
         await eventually(logged, within=10, what="the access line")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 30)
-        except TimeoutError:
-            process.kill()
-            await asyncio.wait_for(process.wait(), 10)
     entries = [json.loads(line) for line in log.read_text().splitlines()]
     assert {"uvicorn.error", "gateway.app", "kvgate.access"} <= {e["logger"] for e in entries}
     (access,) = [entry for entry in entries if entry["request_id"] == request_id]

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +15,7 @@ from gateway.settings import Settings
 from subscriber import BlockRemoved, BlockStored, KVEventBatch, encode_batch
 from tests.conftest import StartEngine
 from tests.gateway.conftest import ADMIN_TOKEN, MODEL, Gateway, StartGateway, pod_entry
-from tests.helpers import eventually, free_port
+from tests.helpers import eventually, kvgate_serve
 from tests.reliability.test_http_fuzz import assert_openai_error
 
 ADMIN_PATHS = (("GET", "/admin/pods"), ("GET", "/admin/index?pod=e0"), ("POST", "/admin/match"))
@@ -73,43 +70,20 @@ async def test_the_admin_token_never_appears_in_logs_or_metrics(
     engine = await start_engine(name="e0")
     pods = tmp_path / "pods.json"
     pods.write_text(json.dumps({"pods": [pod_entry(engine)]}))
-    port = free_port()
     log = tmp_path / "gateway.log"
     env = {**os.environ, "KVGATE_ADMIN_TOKEN": token, "KVGATE_SCRAPE_INTERVAL": "0.2"}
-    with log.open("wb") as out:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
-            "--port", str(port), "--log-level", "debug",
-            stdout=out, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
     pages: list[str] = []
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-
-            async def ready() -> bool:
-                try:
-                    return (await client.get("/ready")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await eventually(ready, within=30, what="the gateway ready")
-            good = {"authorization": f"Bearer {token}"}
-            for headers in (good, {"authorization": f"Bearer {token[:-1]}"},
-                            {"authorization": f"Bearer {token}{token}"},
-                            {"authorization": token}, {"x-session-id": token}):  # fmt: skip
-                for method, path in ADMIN_PATHS:
-                    await client.request(method, path, headers=headers, json=MATCH_BODY)
-            await client.post("/v1/chat/completions", json={**MATCH_BODY, "max_tokens": 2})
-            await client.post("/v1/chat/completions", content=b"{bad", headers=good)
-            pages.append((await client.get("/metrics")).text)
-            pages.append((await client.get("/admin/pods", headers=good)).text)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 30)
-        except TimeoutError:
-            process.kill()
-            await asyncio.wait_for(process.wait(), 10)
+    async with kvgate_serve(pods, log, env, "--log-level", "debug") as client:
+        good = {"authorization": f"Bearer {token}"}
+        for headers in (good, {"authorization": f"Bearer {token[:-1]}"},
+                        {"authorization": f"Bearer {token}{token}"},
+                        {"authorization": token}, {"x-session-id": token}):  # fmt: skip
+            for method, path in ADMIN_PATHS:
+                await client.request(method, path, headers=headers, json=MATCH_BODY)
+        await client.post("/v1/chat/completions", json={**MATCH_BODY, "max_tokens": 2})
+        await client.post("/v1/chat/completions", content=b"{bad", headers=good)
+        pages.append((await client.get("/metrics")).text)
+        pages.append((await client.get("/admin/pods", headers=good)).text)
     output = log.read_text(errors="replace")
     assert "DEBUG" in output, "debug logging was not on: the check would prove nothing"
     for text in (output, *pages):
