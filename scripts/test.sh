@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
-# tests/deploy runs `promtool check metrics` on a live /metrics page; Debian ships promtool
-# in the `prometheus` package (the tests skip, saying why, only if it cannot be installed).
-if ! command -v promtool >/dev/null 2>&1; then
+# tests/deploy runs `promtool check metrics` on a live /metrics page and a real Prometheus
+# server against a live gateway; Debian's `prometheus` package ships both (the tests skip,
+# saying why, only if it cannot be installed).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
     echo "test: installing promtool (Debian package prometheus) with apt" >&2
     { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
         apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
