@@ -33,7 +33,7 @@ from gateway.discovery import (
     StaticFileDiscovery,
     run_resynced,
 )
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, NotFound
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
 from gateway.metrics import GatewayMetrics
@@ -108,7 +108,9 @@ def create_app(
         bodies_per_client=settings.max_bodies_per_client,
         on_reject=metrics.rejected.labels("TooManyRequests").inc,
     )
-    return _CutConnections(app, access_log=settings.access_log)  # type: ignore[return-value]
+    return _CutConnections(  # type: ignore[return-value]
+        app, access_log=settings.access_log, admin_port=settings.admin_port
+    )
 
 
 async def _start(
@@ -322,10 +324,30 @@ class _CutConnections:
     the client's connection, as the engine's own failure would have. Inside it, request ids
     and the access log (`gateway/request_id.py`) wrap the whole app, errors included."""
 
-    def __init__(self, app: Starlette, *, access_log: bool = True) -> None:
+    def __init__(
+        self, app: Starlette, *, access_log: bool = True, admin_port: int | None = None
+    ) -> None:
         self.app = RequestIds(app, access_log=access_log)
         self.state = app.state  # the gateway state, for embedding code and tests
+        self.admin_port = admin_port
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.admin_port is not None and scope["type"] == "http" and not self._on_its_port(scope):
+            await _not_here(scope, receive, send)
+            return
         with contextlib.suppress(UpstreamCut, ClientGone):
             await self.app(scope, receive, send)
+
+    def _on_its_port(self, scope: Scope) -> bool:
+        """With KVGATE_ADMIN_PORT, /metrics and /admin/* live there and only there."""
+        server = scope.get("server")
+        on_admin_port = server is not None and server[1] == self.admin_port
+        path: str = scope.get("path", "")
+        operator = path == "/metrics" or path == "/admin" or path.startswith("/admin/")
+        return operator == on_admin_port or path in ("/health", "/ready")
+
+
+async def _not_here(scope: Scope, receive: Receive, send: Send) -> None:
+    """404 in OpenAI's shape: this path is served on the other port."""
+    error = NotFound(f"{scope.get('path')} is not served on this port")
+    await error.response()(scope, receive, send)

@@ -116,15 +116,23 @@ def run(args: argparse.Namespace) -> int:
     )
     # Bind before the lifespan starts: a taken port fails at once, before the gateway
     # subscribes to every engine and logs that it is ready.
+    ports = [settings.port] + ([settings.admin_port] if settings.admin_port else [])
+    listeners: list[socket.socket] = []
     try:
-        listener = _listen(settings.host, settings.port)
+        for port in ports:  # the API's, then /metrics and /admin's (KVGATE_ADMIN_PORT)
+            listeners.append(_listen(settings.host, port))
     except OSError as exc:
-        print(f"kvgate serve: cannot listen on {settings.host}:{settings.port}: {exc.strerror}",
+        for listener in listeners:
+            listener.close()
+        print(f"kvgate serve: cannot listen on {settings.host}:{port}: {exc.strerror}",
               file=sys.stderr)  # fmt: skip
         return 1
     server = uvicorn.Server(config)
-    with listener:
-        server.run(sockets=[listener])
+    try:
+        server.run(sockets=listeners)
+    finally:
+        for listener in listeners:
+            listener.close()
     return 0 if server.started else 1
 
 

@@ -123,6 +123,9 @@ class Settings:
     """A pod's snapshot larger than this is neither written nor read."""
     bootstrap_peer: str | None = None
     """A running gateway (http://host:port) whose index snapshots a new replica starts from."""
+    admin_port: int | None = None
+    """A second port for `/metrics` and `/admin/*` (then not served on `port`), so the API's
+    Service need not expose them; None: everything on `port`."""
     replica_sync_bind: str | None = None
     """ZMQ endpoint on which this replica publishes its routing decisions to its peers
     (`tcp://0.0.0.0:5590`); None: no sharing (independent replicas)."""
@@ -150,6 +153,8 @@ class Settings:
                               f"at most KVGATE_PIN_MAX_TTL ({self.pin_max_ttl_s:g} s)")  # fmt: skip
         if not 0 < self.port < 65536:
             raise ConfigError("KVGATE_PORT", self.port, "a TCP port in 1..65535")
+        if self.admin_port is not None and self.admin_port == self.port:
+            raise ConfigError("KVGATE_ADMIN_PORT", self.admin_port, "a port other than KVGATE_PORT")
 
     @property
     def prefix_routing(self) -> bool:
@@ -263,6 +268,9 @@ class Settings:
         )
         values["bootstrap_peer"] = reader.get(
             "KVGATE_BOOTSTRAP_PEER", _url, None, "an http(s):// URL of a running gateway"
+        )
+        values["admin_port"] = reader.get(
+            "KVGATE_ADMIN_PORT", _port, None, "a TCP port in 1..65535, not KVGATE_PORT"
         )
         values["replica_sync_bind"] = reader.get(
             "KVGATE_REPLICA_SYNC_BIND", _zmq_endpoint, None, "a ZMQ endpoint (tcp://host:port)"

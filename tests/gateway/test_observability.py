@@ -16,13 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.logs import JsonFormatter, TextFormatter
 from gateway.version import VERSION, version
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
-from tests.helpers import eventually, kvgate_serve
+from tests.helpers import eventually, free_port, kvgate_serve
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
 ROOT = Path(__file__).resolve().parents[2]
@@ -316,3 +317,29 @@ async def test_kvgate_serve_json_logs_follow_a_request_to_the_engine(
     assert access["logger"] == "kvgate.access" and access["status"] == 200
     assert access["pod"] == engine.engine.config.name
     assert request_id in engine.engine.received_request_ids
+
+
+async def test_metrics_and_admin_on_their_own_port(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """KVGATE_ADMIN_PORT: /metrics and /admin/* answer there and 404 on the API's port, the
+    API 404s on the admin port; probes answer on both."""
+    engine = await start_engine(name="e0")
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"pods": [pod_entry(engine)]}))
+    admin_port = free_port()
+    env = {**os.environ, "KVGATE_ADMIN_PORT": str(admin_port), "KVGATE_ADMIN_TOKEN": "t0k"}
+    async with (
+        kvgate_serve(pods, tmp_path / "gateway.log", env) as api,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{admin_port}", timeout=10) as admin,
+    ):
+        token = {"authorization": "Bearer t0k"}
+        assert (await api.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        assert (await admin.get("/metrics")).status_code == 200
+        assert (await admin.get("/admin/pods", headers=token)).status_code == 200
+        for path in ("/metrics", "/admin/pods"):
+            hidden = await api.get(path, headers=token)
+            assert hidden.status_code == 404 and hidden.json()["error"]["message"]
+        assert (await admin.post("/v1/chat/completions", json=CHAT)).status_code == 404
+        for client in (api, admin):
+            assert (await client.get("/ready")).status_code == 200
