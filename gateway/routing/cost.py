@@ -187,6 +187,9 @@ class _PodWork:
     decoding: int = 0
     answered_at: float = -math.inf
     """When its last streamed first byte was observed."""
+    seen_at: float = -math.inf
+    """When this model first heard of the pod (a pod just seen is not stale: it is predicted
+    with the fleet's model until it answers)."""
     mean_tokens: float = 0.0
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
     activity: float = 0.0
@@ -379,7 +382,7 @@ class CostModel:
         work = self._pods.get(pod)
         if work is None or work.prefilling or work.decoding:
             return False
-        return self._clock() - work.answered_at > _STALE_S
+        return self._clock() - max(work.answered_at, work.seen_at) > _STALE_S
 
     def activity(self, pod: str) -> float:
         """Requests routed to `pod` lately (decayed): how much of the traffic it carries,
@@ -415,7 +418,9 @@ class CostModel:
         if work is None:
             if len(self._pods) >= _MAX_PODS:  # pods come and go: stay bounded
                 self._pods.clear()
-            work = self._pods[pod] = _PodWork(TtftModel(self.params, self.fleet.theta))
+            work = self._pods[pod] = _PodWork(
+                TtftModel(self.params, self.fleet.theta), seen_at=self._clock()
+            )
         return work
 
     def _leave_prefill(self, ticket: Ticket, work: _PodWork | None) -> None:

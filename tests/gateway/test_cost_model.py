@@ -296,3 +296,15 @@ def test_first_turns_are_placed_by_activity_despite_a_shared_prefix() -> None:
     for _ in range(4):  # "other" is the more active now, but holds the whole prompt: a repeat
         cost.finish(cost.start(cost.predict("other", 10, 0.0), streamed=True))
     assert Counter(place(asked, opens=True) for _ in range(3)) == {"other": 3}
+
+
+def test_a_pod_just_seen_is_not_stale_until_it_stays_unanswered() -> None:
+    """A new pod is predicted with the fleet's model; probing it before it had a chance to
+    answer would send a repeat prompt away from its cache (2 % of a fresh gateway's
+    decisions went to never-answered pods)."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    cost.predict("new", 1000, 0.0)
+    assert not cost.stale("new")
+    clock.now += 11.0  # idle and unanswered since it was seen
+    assert cost.stale("new")
