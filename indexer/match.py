@@ -149,9 +149,21 @@ def match_prefix(
         index += 1
     ends.append((index, alive))
     matched = dict.fromkeys(bits, 0)
+    if len(ends) == 1:
+        # Every live candidate matched the same length: no per-end search needed.
+        length, mask = ends[0]
+        if length:
+            for name, bit in bits.items():
+                if mask & bit:
+                    matched[name] = length
+        return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered), off_gpu)
+    length_of: dict[int, int] = {}  # pod bit -> matched length, filled once per end
+    for length, mask in ends:
+        while mask:
+            low = mask & -mask
+            length_of[low] = length
+            mask ^= low
     for name, bit in bits.items():
-        for length, mask in ends:
-            if mask & bit:
-                matched[name] = length
-                break
+        if bit:
+            matched[name] = length_of.get(bit, 0)
     return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered), off_gpu)
