@@ -251,7 +251,7 @@ def _measure_fleet(pods: int, blocks_per_pod: int, runs: int, queries: int) -> d
 
 
 def _rss() -> int:
-    with open("/proc/self/statm") as statm:
+    with Path("/proc/self/statm").open() as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
