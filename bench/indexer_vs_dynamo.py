@@ -303,7 +303,7 @@ def measure(quick: bool) -> dict[str, Any]:
     """Both fleets and hashing; ratios are kvgate ÷ Dynamo."""
     from dynamo._core import compute_block_hash_for_seq
 
-    runs = 2 if quick else 4
+    runs = 2 if quick else 4  # alternated: kvgate first on even runs, Dynamo first on odd
     queries = 300 if quick else 600
     small = _measure_fleet(8, 2_000 if quick else 12_500, runs, queries)
     large = _measure_fleet(64, 1_000 if quick else 15_625, runs, queries)
@@ -350,7 +350,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
+    from gateway.runtime import tune_gc
+
+    tune_gc()  # as kvgate's processes run (see gateway/runtime.py)
     results = measure(args.quick)
+    results["config"]["gc_thresholds"] = list(gc.get_threshold())
     rows = [(key, f"{results[key]:.3g}", f"{op} {goal}") for key, (op, goal) in TARGETS.items()]
     rows.append(("answers_equal", str(results["answers_equal"]), "true"))
     rows.append(("hash_ratio", f"{results['hash_ratio']:.3g}", ""))
