@@ -6,7 +6,10 @@ kvgate's source on PYTHONPATH), in alternated order, and each figure is the medi
 the runs. Dynamo gets its block hashes precomputed (`tokens_hash`) and its events
 serialized outside the timing; kvgate hashes the tokens itself, as the gateway does.
 
-Ratios are kvgate's figure divided by Dynamo's (blocks/s, µs, bytes).
+Ratios are kvgate's figure divided by Dynamo's (blocks/s, µs, bytes). Dynamo's tree
+works on its own thread, so its timings include a hand-off per call and on a shared
+2-core machine swing by up to 5x between runs (see `spread` in the JSON); Dynamo's memory
+is resident growth, kvgate's tracemalloc.
 """
 
 from __future__ import annotations
