@@ -45,10 +45,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--matches", type=int, default=None, help="match queries per setting")
     parser.add_argument("--seed", type=int, default=7, help="workload seed")
+    parser.add_argument(
+        "--vs",
+        choices=["dynamo"],
+        default=None,
+        help="compare with NVIDIA Dynamo's RadixTree (installed into bench/.venvs on first use)",
+    )
     add_output_arguments(parser, "indexer")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.vs == "dynamo":
+        from bench.indexer_vs_dynamo import run as run_vs_dynamo
+
+        return run_vs_dynamo(args)
     pods = args.pods or (16 if args.quick else 64)
     blocks_per_pod = args.blocks_per_pod or (5_000 if args.quick else 20_000)
     matches = args.matches or (2_000 if args.quick else 10_000)

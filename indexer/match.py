@@ -148,10 +148,17 @@ def match_prefix(
             off_gpu |= (masks[_CPU] | masks[_STORAGE] | masks[_EXPECTED]) & ~masks[_GPU]
         index += 1
     ends.append((index, alive))
-    matched = dict.fromkeys(bits, 0)
-    for name, bit in bits.items():
-        for length, mask in ends:
-            if mask & bit:
-                matched[name] = length
-                break
+    if len(ends) == 1:
+        # Every live candidate matched the same length: one pass, no per-end search.
+        length, mask = ends[0]
+        matched = {name: length if mask & bit else 0 for name, bit in bits.items()}
+        return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered), off_gpu)
+    length_of: dict[int, int] = {}  # pod bit -> matched length, filled once per end
+    for length, mask in ends:
+        while mask:
+            low = mask & -mask
+            length_of[low] = length
+            mask ^= low
+    get_length = length_of.get
+    matched = {name: get_length(bit, 0) for name, bit in bits.items()}
     return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered), off_gpu)
