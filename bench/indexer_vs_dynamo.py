@@ -80,7 +80,7 @@ class DynamoSide:
     """Dynamo's RadixTree fed the workload's events as precomputed JSON bytes."""
 
     def __init__(self, workload: FleetWorkload) -> None:
-        from dynamo._core import compute_block_hash_for_seq
+        from dynamo._core import compute_block_hash_for_seq  # type: ignore[import-not-found]  # only in its venv
 
         self.hash = compute_block_hash_for_seq
         self.worker = {pod: i for i, pod in enumerate(workload.pods)}
@@ -96,7 +96,7 @@ class DynamoSide:
                 parent = event.parent_block_hash
                 chained = 0 if parent is None else self.external[(pod, parent)]
                 parent_hash = None if parent is None else chained
-                blocks = []
+                blocks: list[dict[str, Any]] = []
                 for engine_hash, tokens_hash in zip(event.block_hashes, hashes, strict=True):
                     chained = xxhash.xxh64_intdigest(
                         chained.to_bytes(8, "little") + tokens_hash.to_bytes(8, "little")
@@ -110,8 +110,8 @@ class DynamoSide:
         self.removed: list[tuple[int, bytes, int]] = []
         for pod, batch in _removal_batches(workload):
             event_id += 1
-            body = {"removed": {"block_hashes": [self.external[(pod, h)] for h in batch]}}
-            payload = json.dumps({"event_id": event_id, "data": body}).encode()
+            removal = {"removed": {"block_hashes": [self.external[(pod, h)] for h in batch]}}
+            payload = json.dumps({"event_id": event_id, "data": removal}).encode()
             self.removed.append((self.worker[pod], payload, len(batch)))
 
     def new(self) -> Any:
@@ -172,7 +172,7 @@ class KvgateSide:
 
 def _removal_batches(workload: FleetWorkload) -> list[tuple[str, list[int]]]:
     """Every block of half the pods, tail first, 16 hashes per event."""
-    batches = []
+    batches: list[tuple[str, list[int]]] = []
     for pod in workload.pods[: max(1, len(workload.pods) // 2)]:
         hashes = [h for event in workload.events[pod] for h in event.block_hashes]
         hashes.reverse()
@@ -204,7 +204,7 @@ def _measure_fleet(pods: int, blocks_per_pod: int, runs: int, queries: int) -> d
     rng = random.Random(pods)
     context = ModelContext(MODEL)
     for run_index in range(runs):
-        order = [("kvgate", kvgate), ("dynamo", dynamo)]
+        order: list[tuple[str, Any]] = [("kvgate", kvgate), ("dynamo", dynamo)]
         if run_index % 2:
             order.reverse()
         indexes: dict[str, Any] = {}
