@@ -55,8 +55,7 @@ class BlockHasher:
         previous = self.root if parent is None else parent
         digests: list[bytes] = []
         for index in range(start_block, len(token_ids) // size):
-            chunk = array("I", token_ids[index * size : (index + 1) * size]).tobytes()
-            previous = hashlib.sha256(previous + chunk).digest()
+            previous = self.digest(previous, token_ids[index * size : (index + 1) * size])
             digests.append(previous)
         return digests
 
@@ -82,18 +81,6 @@ class VllmBlockHasher(BlockHasher):
     def __init__(self, block_size: int, seed: int = 0) -> None:
         super().__init__(block_size, seed)
         self.root = _sha256_cbor(str(seed))
-
-    def chain(
-        self, token_ids: Sequence[int], *, parent: bytes | None = None, start_block: int = 0
-    ) -> list[bytes]:
-        size = self.block_size
-        previous = self.root if parent is None else parent
-        digests: list[bytes] = []
-        for index in range(start_block, len(token_ids) // size):
-            block = tuple(token_ids[index * size : (index + 1) * size])
-            previous = _sha256_cbor((previous, block, None))
-            digests.append(previous)
-        return digests
 
     def digest(self, parent: bytes | None, tokens: Sequence[int]) -> bytes:
         previous = self.root if parent is None else parent

@@ -131,6 +131,11 @@ def _vectors(
         {"index": i, "object": kind, field: _encode(embed(tokens), body.get("encoding_format"))}
         for i, tokens in enumerate(inputs)
     ]
+    return _listing(engine, prefix, data, sum(len(tokens) for tokens in inputs))
+
+
+def _listing(engine: SimEngine, prefix: str, data: list[dict[str, Any]], tokens: int) -> Response:
+    """vLLM's list envelope of a pooling-style answer: id, model, data and token usage."""
     return JSONResponse(
         {
             "id": f"{prefix}-{uuid.uuid4().hex}",
@@ -138,7 +143,7 @@ def _vectors(
             "created": int(time.time()),
             "model": engine.config.model,
             "data": data,
-            "usage": _usage(sum(len(tokens) for tokens in inputs)),
+            "usage": _usage(tokens),
         }
     )
 
@@ -169,16 +174,7 @@ async def score(engine: SimEngine, request: Request) -> Response:
     data = [
         {"index": i, "object": "score", "score": _score(a, b)} for i, (a, b) in enumerate(pairs)
     ]
-    return JSONResponse(
-        {
-            "id": f"score-{uuid.uuid4().hex}",
-            "object": "list",
-            "created": int(time.time()),
-            "model": engine.config.model,
-            "data": data,
-            "usage": _usage(sum(len(a) + len(b) for a, b in pairs)),
-        }
-    )
+    return _listing(engine, "score", data, sum(len(a) + len(b) for a, b in pairs))
 
 
 async def rerank(engine: SimEngine, request: Request) -> Response:
