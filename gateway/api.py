@@ -21,6 +21,7 @@ from gateway.proxy import ClientWatch, ProxyRequest
 from gateway.registry import PodState
 from gateway.router import Kind, Routed
 from gateway.state import GatewayState, state_of
+from gateway.usage import UsageMeter
 from subscriber import Phase
 
 POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
@@ -161,6 +162,8 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
 
     model_metrics = gateway.metrics
     model = body["model"]
+    meter = UsageMeter()
+    served_status = 0
 
     def on_first_byte(state: PodState) -> None:
         router.first_byte(routed, state)
@@ -169,8 +172,16 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     def on_done() -> None:
         router.finish(routed)
         model_metrics.model_duration.labels(model).observe(time.perf_counter() - arrived)
+        if 200 <= served_status < 300:
+            known = routed.request.prompt_tokens if routed.request.prompt_tokenized else None
+            usage = meter.usage(known)
+            if usage.prompt_tokens is not None:
+                model_metrics.prompt_tokens.labels(model, usage.source).inc(usage.prompt_tokens)
+            model_metrics.completion_tokens.labels(model, usage.source).inc(usage.completion_tokens)
 
     def on_served(state: PodState, status: int) -> None:
+        nonlocal served_status
+        served_status = status
         router.record_served(routed, state)
         if pin_turn is not None and 200 <= status < 300:  # x-kvgate-pin: pin it there
             pin_turn(state)
@@ -184,6 +195,7 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
             on_served=on_served,
             on_first_byte=on_first_byte,
             on_done=on_done,
+            meter=meter,
         )
     except BaseException:
         on_done()
@@ -254,7 +266,7 @@ async def ready(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    registry = state_of(request).metrics.registry
+    registry = state_of(request).metrics.prometheus
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 

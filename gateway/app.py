@@ -16,7 +16,6 @@ import random
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -27,12 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from gateway import admin, api, passthrough
-from gateway.discovery import (
-    Discovery,
-    KubernetesDiscovery,
-    StaticFileDiscovery,
-    run_resynced,
-)
+from gateway.discovery import Discovery, DiscoveryEvents, build_discovery, run_resynced
 from gateway.errors import GatewayError, NotFound
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
@@ -54,7 +48,7 @@ from gateway.settings import Settings
 from gateway.state import GatewayState
 from gateway.supervisor import Supervisor
 from gateway.tokenizer import RemoteTokenizer
-from indexer import ConfigError, SyncPrefixHashTable
+from indexer import SyncPrefixHashTable
 from subscriber import IndexSink, SubscriberManager
 
 logger = logging.getLogger(__name__)
@@ -67,26 +61,17 @@ def create_app(
     *,
     discovery: Discovery | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
-    registry: CollectorRegistry | None = None,
+    metrics_registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
 ) -> Starlette:
     """The gateway as an ASGI app; every collaborator can be injected (tests, embedding)."""
     if discovery is None:
-        if settings.discovery == "kubernetes":
-            discovery = KubernetesDiscovery.from_environment(
-                settings.k8s_namespaces, settings.k8s_label_selector
-            )
-        elif settings.pods_file is None:
-            raise ConfigError("KVGATE_PODS_FILE", None, "a pods file (--pods) or a discovery")
-        else:
-            discovery = StaticFileDiscovery(Path(settings.pods_file))
-    metrics = GatewayMetrics(registry or CollectorRegistry())
+        discovery = build_discovery(settings)
+    metrics = GatewayMetrics(metrics_registry or CollectorRegistry())
     discovery_errors = metrics.discovery_errors
-    if isinstance(discovery, StaticFileDiscovery):
-        discovery.on_reload_error = lambda _error: discovery_errors.inc()
-    elif isinstance(discovery, KubernetesDiscovery):
-        discovery.on_error = lambda _error: discovery_errors.inc()
-        discovery.on_relist = metrics.discovery_relists.inc
+    discovery.events = DiscoveryEvents(
+        error=lambda _error: discovery_errors.inc(), relist=metrics.discovery_relists.inc
+    )
     table = SyncPrefixHashTable(settings.index)
     rng = rng or random.Random()
 
@@ -141,7 +126,7 @@ async def _start(
     restorer: SnapshotRestorer | None = None
     if settings.kv_event_sync:
         # Before discovery starts any subscriber: each starts from its pod's snapshot.
-        restorer = await restore_snapshots(settings, table, metrics.registry, control_client)
+        restorer = await restore_snapshots(settings, table, metrics.prometheus, control_client)
         subscribers = await stack.enter_async_context(
             SubscriberManager(IndexSink(table), resume=restorer.resume)
         )
@@ -196,7 +181,7 @@ async def _start(
         sync.start()
         stack.callback(sync.close)
         router.sync = sync
-    metrics.registry.register(ReplicaSyncCollector(lambda: sync))
+    metrics.prometheus.register(ReplicaSyncCollector(lambda: sync))
     gateway = GatewayState(
         settings=settings,
         table=table,
@@ -265,16 +250,14 @@ async def _start(
 
 @contextlib.contextmanager
 def _reload_on_sighup(discovery: Discovery) -> Iterator[None]:
-    """SIGHUP makes a file-based discovery re-read its file (one gateway per process)."""
-    reload = getattr(discovery, "request_reload", None)
+    """SIGHUP makes discovery look again, e.g. re-read its file (one gateway per process)."""
     loop = asyncio.get_running_loop()
     installed = False
-    if callable(reload):
-        try:
-            loop.add_signal_handler(signal.SIGHUP, reload)
-            installed = True
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            logger.info("SIGHUP cannot be handled here; the pods file is still watched")
+    try:
+        loop.add_signal_handler(signal.SIGHUP, discovery.request_reload)
+        installed = True
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        logger.info("SIGHUP cannot be handled here; discovery still follows its changes")
     try:
         yield
     finally:

@@ -30,6 +30,12 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "Serve the OpenAI-compatible endpoint, subscribe to every pod's KV events and "
         "route each request to the pod holding the longest cached prefix of its prompt.",
     ),
+    "settings": (
+        "gateway.settings_cli",
+        "every setting of kvgate serve: variable, default, meaning",
+        "List every setting `kvgate serve` reads (environment or --config file), its default, "
+        "its meaning and the value the current environment gives it.",
+    ),
     "sim": (
         "simulator.cli",
         "run simulated vLLM/SGLang engines",

@@ -1,17 +1,32 @@
-"""The gateway's exceptions, each mapped once to an HTTP status and an OpenAI-style body.
+"""The gateway's exceptions: each request error mapped once to an HTTP status and an
+OpenAI-style body, and the one start-up error.
 
 GatewayError
 ├── BadRequest (400)            malformed JSON, missing fields, unknown policy
 │   └── ClientClosed (400)      the client left before sending its body
 ├── PayloadTooLarge (413)
 ├── RequestTimeout (408)        the client did not send its body in time
-├── TooManyRequests (429)       over KVGATE_MAX_CONCURRENT_REQUESTS; carries Retry-After
+├── RetryLater                  carries Retry-After
+│   ├── TooManyRequests (429)   over KVGATE_MAX_CONCURRENT_REQUESTS
+│   │   └── SloUnreachable (429)  no pod predicted to meet x-slo-ttft-ms (KVGATE_SLO_SHED)
+│   └── NoRoutablePod (503)     every candidate filtered out
 ├── Unauthorized (401)          admin API without the right token
+├── Forbidden (403)
 ├── NotFound (404)              admin resources
 │   └── ModelNotFound (404)
-├── NoRoutablePod (503)         every candidate filtered out; carries Retry-After
+├── PinRefused (409)            a pin the gateway will not make (budget, cap, no support)
+├── PinFailed (502)             the engine failed a pin call
 └── UpstreamError (502)         the engine could not be reached or failed
     └── UpstreamTimeout (504)
+
+ConfigError                     an invalid setting, routing config or pods file: stops
+                                start-up (`kvgate serve` exits 2), or refuses a reload
+
+Lower layers raise their own errors, mapped to these where they meet a request:
+`http1.Http1Error` (connect, timeout, broken answer) → UpstreamError / UpstreamTimeout;
+`tokenizer.TokenizerError` → routing on load only (counted, never a client error);
+`pinning.client.PinCallError` → PinFailed / PinRefused; the index's `UnknownPodError` and
+`InvalidIndexConfig` never reach a client.
 """
 
 from __future__ import annotations
@@ -126,3 +141,30 @@ class UpstreamError(GatewayError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     error_type = "upstream_timeout"
+
+
+class PinRefused(GatewayError):
+    """A pin the gateway will not make (budget, no pin support): 409 with a reason code."""
+
+    status = 409
+    error_type = "pin_refused"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.code = reason
+
+
+class PinFailed(GatewayError):
+    status = 502
+    error_type = "upstream_error"
+
+
+class ConfigError(ValueError):
+    """An invalid setting: names the variable (or file and key), the value and what is
+    allowed."""
+
+    def __init__(self, variable: str, value: object, allowed: str) -> None:
+        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
+        self.variable = variable
+        self.value = value
+        self.allowed = allowed

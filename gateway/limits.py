@@ -33,7 +33,7 @@ class ConcurrencyLimit:
         app: ASGIApp,
         *,
         limit: int,
-        bodies_per_client: int = 64,
+        bodies_per_client: int,
         retry_after_s: int = 1,
         on_reject: Callable[[], None] | None = None,
     ) -> None:

@@ -44,7 +44,8 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+        self.prometheus = registry
+        """The Prometheus registry (not the pod registry, gateway/registry.py)."""
         # What operators expect on any Python service's page: process_* (CPU, memory, fds),
         # python_info and python_gc_*; and which kvgate this is.
         ProcessCollector(registry=registry)
@@ -175,6 +176,22 @@ class GatewayMetrics:
             buckets=_DURATION_BUCKETS,
             registry=registry,
         )
+        self.prompt_tokens = Counter(
+            "kvgate_prompt_tokens",
+            "Prompt tokens of answered (2xx) chat and completion requests, by model; source: "
+            "`engine` (the answer's usage) or `gateway` (its own tokenization, for streams "
+            "without usage)",
+            ["model", "source"],
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "kvgate_completion_tokens",
+            "Completion tokens relayed in answered (2xx) chat and completion requests, by "
+            "model; source: `engine` (the answer's usage) or `gateway` (one per streamed "
+            "event, for streams without usage)",
+            ["model", "source"],
+            registry=registry,
+        )
         self.tokenizer = Counter(
             "kvgate_tokenizer_requests",
             "Prompt tokenizations by result (hit, miss, failure)",
@@ -236,7 +253,7 @@ class GatewayMetrics:
         rejects: Callable[[], RejectCounter | None],
         cost: CostModel,
     ) -> None:
-        self.registry.register(_FleetCollector(pods, table, rejects, cost))
+        self.prometheus.register(_FleetCollector(pods, table, rejects, cost))
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from gateway.http1 import Aborted, Exchange, Headers, Http1Error, Http1Pool, Res
 from gateway.logs import POD
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodState
+from gateway.usage import UsageMeter
 
 logger = logging.getLogger(__name__)
 
@@ -161,13 +162,14 @@ class Upstream:
         on_served: Callable[[PodState, int], None] | None = None,
         on_first_byte: Callable[[PodState], None] | None = None,
         on_done: Callable[[], None] | None = None,
+        meter: UsageMeter | None = None,
     ) -> Relay:
         """Send to ranking[0], or ranking[1] if ranking[0] fails before answering.
 
         `on_attempt` hears of each pod tried, before the request is sent; `on_served` of the
         pod whose answer goes back to the client, and its status; `on_first_byte` when its
         first body byte arrives; `on_done` when the relayed answer ends, however (not called
-        when this raises: the caller knows then)."""
+        when this raises: the caller knows then); `meter` sees every relayed chunk."""
         head = request.head()
         attempts = ranking[:2]
         metrics = self._metrics
@@ -213,7 +215,9 @@ class Upstream:
                     continue
                 if on_served is not None:
                     on_served(state, exchange.status)
-                return Relay(self, exchange, state, request, started, watch, on_first_byte, on_done)
+                return Relay(
+                    self, exchange, state, request, started, watch, on_first_byte, on_done, meter
+                )
         except BaseException:
             watch.stop()
             raise
@@ -257,8 +261,10 @@ class Relay:
         watch: ClientWatch,
         on_first_byte: Callable[[PodState], None] | None = None,
         on_done: Callable[[], None] | None = None,
+        meter: UsageMeter | None = None,
     ) -> None:
         self._upstream = upstream
+        self._meter = meter
         self._on_first_byte = on_first_byte
         self._on_done = on_done
         self._exchange = exchange
@@ -277,16 +283,22 @@ class Relay:
             await send(
                 {"type": "http.response.start", "status": exchange.status, "headers": self.headers}
             )
+            meter = self._meter
             if exchange.complete:  # a small answer arrives whole with its headers
                 self._first_byte()
                 self._watch.stop()
-                await send({"type": "http.response.body", "body": exchange.take_body()})
+                body = exchange.take_body()
+                if meter is not None:
+                    meter.feed(body)
+                await send({"type": "http.response.body", "body": body})
                 return
             first = True
             async for chunk in exchange.chunks():
                 if first:
                     self._first_byte()
                     first = False
+                if meter is not None:
+                    meter.feed(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             self._watch.stop()
             await send({"type": "http.response.body", "body": b""})

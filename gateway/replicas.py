@@ -41,8 +41,9 @@ import zmq.asyncio
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.errors import ConfigError
 from gateway.routing.cost import CostModel, Ticket
-from indexer import ConfigError, ModelContext, SyncPrefixHashTable, UnknownPodError
+from indexer import ModelContext, SyncPrefixHashTable, UnknownPodError
 
 logger = logging.getLogger(__name__)
 

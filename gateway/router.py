@@ -37,9 +37,12 @@ _BODY_BYTES_PER_TOKEN = 4  # a prompt that was not tokenized is costed from its 
 class Routed:
     decision: Decision
     request: RoutingRequest
-    prefix_hashes: list[int]
     ticket: Ticket | None = None
     """The request's work on the pod it was sent to (the cost model's bookkeeping)."""
+
+    @property
+    def prefix_hashes(self) -> Sequence[int]:
+        return self.request.prefix_hashes
 
     def matched_blocks(self, pod: str) -> int:
         match = self.request.match
@@ -115,17 +118,44 @@ class Router:
         body_bytes: int = 0,
         dry_run: bool = False,
     ) -> Routed:
-        """Decide where `body` goes. A `dry_run` (the admin API's explanation) tokenizes even
-        for load-only policies, predicts every pod's TTFT and records nothing."""
+        """Decide where `body` goes, in three stages: what the decision looks at (the
+        prompt tokenized, hashed and matched), the profile's decision, and its commitment
+        to the chosen pod. A `dry_run` (the admin API's explanation) tokenizes even for
+        load-only policies, predicts every pod's TTFT and commits nothing."""
         started = self._clock()
-        model = body["model"]
-        serving = self._registry.serving(model)
+        serving = self._registry.serving(body["model"])
         if not serving:
-            raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+            raise ModelNotFound(f"The model `{body['model']}` does not exist.", param="model")
+        request = await self._routing_request(
+            kind, body, serving, tokenize=profile.uses_prefix or dry_run, session=session,
+            slo_ttft_s=slo_ttft_s, body_bytes=body_bytes,
+        )  # fmt: skip
+        routed = self._decide(request, profile, serving, started)
+        if dry_run:
+            predict_all(self.cost, self._block_size, request, serving)
+        else:
+            # Before any await: the next request of a burst must already see these blocks
+            # as expected on the chosen pod, and this request's prefill queued there.
+            self.dispatch(routed, routed.decision.ranking[0])
+        return routed
+
+    async def _routing_request(
+        self,
+        kind: Kind,
+        body: Mapping[str, Any],
+        serving: list[PodState],
+        *,
+        tokenize: bool,
+        session: str | None,
+        slo_ttft_s: float | None,
+        body_bytes: int,
+    ) -> RoutingRequest:
+        """What the decision looks at: the prompt's blocks and where each is cached."""
+        model = body["model"]
         context = _context(model, serving)
         hashes: list[int] = []
         tokens: list[int] | None = None
-        if profile.uses_prefix or dry_run:
+        if tokenize:
             tokens = await self._tokenize(kind, body, serving)
             if tokens is not None:
                 self._check_prompt_length(kind, len(tokens))
@@ -136,40 +166,43 @@ class Router:
             if hashes
             else None
         )
-        decided = self._clock()
-        estimated = body_bytes // _BODY_BYTES_PER_TOKEN
-        request = RoutingRequest(
+        self._stages["match"].observe(self._clock() - match_started)
+        return RoutingRequest(
             model,
             context,
             len(hashes),
             match,
             session,
-            prompt_tokens=len(tokens) if tokens is not None else estimated,
+            prompt_tokens=len(tokens)
+            if tokens is not None
+            else body_bytes // _BODY_BYTES_PER_TOKEN,
+            prompt_tokenized=tokens is not None,
             prefix_hashes=hashes,
             slo_ttft_s=slo_ttft_s,
             streamed=bool(body.get("stream")),
             opens_conversation=kind == "chat" and opens_conversation(body),
         )
+
+    def _decide(
+        self,
+        request: RoutingRequest,
+        profile: RoutingProfile,
+        serving: list[PodState],
+        started: float,
+    ) -> Routed:
+        """The profile's ranking of the pods (SLO shedding counted)."""
+        decide_started = self._clock()
         try:
             decision = profile.decide(request, serving)
         except SloUnreachable:
             self._metrics.slo.labels("shed").inc()
             raise
         finished = self._clock()
-        stages = self._stages
-        stages["match"].observe(decided - match_started)
-        stages["decide"].observe(finished - decided)
-        stages["total"].observe(finished - started)
+        self._stages["decide"].observe(finished - decide_started)
+        self._stages["total"].observe(finished - started)
         if not decision.ranking:
-            raise NoRoutablePod(f"no routable pod for model `{model}` right now")
-        routed = Routed(decision, request, hashes)
-        if dry_run:
-            predict_all(self.cost, self._block_size, request, serving)
-        else:
-            # Before any await: the next request of a burst must already see these blocks
-            # as expected on the chosen pod, and this request's prefill queued there.
-            self.dispatch(routed, decision.ranking[0])
-        return routed
+            raise NoRoutablePod(f"no routable pod for model `{request.model}` right now")
+        return Routed(decision, request)
 
     def dispatch(self, routed: Routed, state: PodState) -> None:
         """The request goes to `state` (first choice or retry): expect its blocks there

@@ -9,20 +9,8 @@ start-up (`KVGATE_GC_GEN0_THRESHOLD`, 0 keeps CPython's default).
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
-
-from indexer import ConfigError
 
 DEFAULT_GC_GEN0_THRESHOLD = 50_000
-
-
-def gc_gen0_threshold(env: Mapping[str, str]) -> int:
-    raw = env.get("KVGATE_GC_GEN0_THRESHOLD", "").strip()
-    if not raw:
-        return DEFAULT_GC_GEN0_THRESHOLD
-    if not raw.isdigit():
-        raise ConfigError("KVGATE_GC_GEN0_THRESHOLD", raw, "a non-negative integer")
-    return int(raw)
 
 
 def tune_gc(gen0_threshold: int = DEFAULT_GC_GEN0_THRESHOLD) -> tuple[int, int, int]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import uvicorn
 
 from gateway.discovery import load_pods_file
+from gateway.errors import ConfigError
 from gateway.http_protocol import bounded_protocol
 from gateway.logs import configure_logging
 from gateway.router import build_policies
@@ -23,10 +24,9 @@ from gateway.settings import (
     POLICIES,
     Settings,
     read_config_file,
-    setting_names,
+    setting_groups,
     unread_variables,
 )
-from indexer import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +60,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    every = [
+        f"{declaration.variable} ({declaration.default_text(default)}"
+        + "".join(f"; or {alias.variable}" for alias in declaration.aliases)
+        + ")"
+        for entries in setting_groups().values()
+        for declaration, default in entries
+    ]
     parser.epilog = (
-        "Every setting, read from the environment or a --config file (README, "
-        '"Configuration", has each default and meaning): ' + ", ".join(setting_names())
+        "Every setting, read from the environment or a --config file, with its default "
+        "(`kvgate settings` adds each one's meaning and current value; AIBrix's names are "
+        "read too): " + ", ".join(every)
     )
 
 

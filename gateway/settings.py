@@ -4,19 +4,19 @@ variable, the value and what is allowed."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
+from gateway.errors import ConfigError
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
-from indexer import ConfigError, IndexConfig, Tier
+from indexer import DEFAULT_HASH_SEED, IndexConfig, IndexLimits, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -42,373 +42,6 @@ DISCOVERIES = ("static", "kubernetes")
 LOG_FORMATS = ("text", "json")
 DEFAULT_TIER_WEIGHTS = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.STORAGE: 0.25, Tier.EXPECTED: 0.9}
 
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8080
-    pods_file: Path | None = None
-    """Static discovery file (JSON or TOML)."""
-    discovery: str = "static"
-    """Where pods come from: `static` (the pods file) or `kubernetes` (the API)."""
-    k8s_namespaces: tuple[str, ...] = ()
-    """Namespaces watched by Kubernetes discovery; empty: the gateway's own, else default."""
-    k8s_label_selector: str = "model.aibrix.ai/name"
-    default_policy: str = "prefix-cache"
-    routing_config: Path | None = None
-    """A routing config file (TOML or YAML) laid over the built-in policies."""
-    slo_shed: bool = False
-    """Answer 429 + Retry-After when no pod is predicted to meet a request's x-slo-ttft-ms."""
-    use_remote_tokenizer: bool = True
-    kv_event_sync: bool = True
-    tokenizer_engine: str = "vllm"
-    tokenizer_endpoint: str | None = None
-    """A fixed /tokenize endpoint; unset: each model's pods tokenize for it."""
-    tokenizer_timeout_s: float = 2.0
-    tokenizer_max_retries: int = 1
-    tokenizer_cache_size: int = 4096
-    index: IndexConfig = field(default_factory=IndexConfig)
-    admin_token: str | None = field(default=None, repr=False)
-    """Kept out of repr: a logged or printed Settings must not show it."""
-    max_body_bytes: int = 16 * 1024 * 1024
-    max_concurrent_requests: int = 1024
-    """Requests handled at once (/v1 and /admin), from a complete body to the last byte of
-    the answer; beyond it 429 + Retry-After."""
-    max_bodies_per_client: int = 64
-    """Request bodies being received at once per client address; beyond it 429."""
-    max_prompt_tokens: int | None = None
-    """Longest prompt in tokens, checked when the tokenizer answered (400); None: no limit."""
-    body_timeout_s: float = 30.0
-    """Longest time a client may take to send its request body (408): slow-loris bound."""
-    header_timeout_s: float = 10.0
-    """Longest time a connection may take to send a request's headers (then closed)."""
-    max_header_bytes: int = 32 * 1024
-    """Bound on a request's URL + headers (431 beyond it)."""
-    upstream_connect_timeout_s: float = 2.0
-    dead_pod_grace_s: float = 10.0
-    """In-flight requests of a pod gone from discovery or unhealthy are cut after this."""
-    upstream_timeout_s: float = 600.0
-    """Longest wait for the engine's next byte (headers, or the next chunk of a stream)."""
-    max_connections_per_pod: int = 256
-    scrape_interval_s: float = 1.0
-    """Engine /metrics scrape period (load and health)."""
-    unhealthy_after: int = 3
-    """Consecutive failed scrapes that mark a pod unhealthy."""
-    session_header: str = "x-session-id"
-    hot_spot_margin: int = 16
-    """A pod with this many more requests in flight than the least loaded candidate is not
-    chosen for its cache."""
-    tier_weights: Mapping[Tier, float] = field(default_factory=lambda: dict(DEFAULT_TIER_WEIGHTS))
-    gc_gen0_threshold: int = DEFAULT_GC_GEN0_THRESHOLD
-    drain_timeout_s: float = 20.0
-    """On shutdown, how long in-flight requests may finish."""
-    pin_budget_fraction: float = 0.5
-    """Pinned blocks per pod may not exceed this share of its GPU KV cache."""
-    pin_default_ttl_s: float = 600.0
-    pin_max_ttl_s: float = 3600.0
-    """Longest lease a pin may ask for (a longer `ttl` is refused with a 400)."""
-    pin_max_leases: int = 1024
-    pin_max_leases_per_pod: int = 128
-    """Caps on live pin leases, in total and per pod (beyond them: 409 `lease_cap`)."""
-    pin_token: str | None = field(default=None, repr=False)
-    """Grants the per-request pin opt-in (`x-kvgate-pin-token`) without admin rights."""
-    pin_interval_s: float = 1.0
-    """Pin reconciliation and lease expiry period."""
-    snapshot_dir: Path | None = None
-    """Where each pod's index snapshot is written and read at start-up (None: not at all)."""
-    snapshot_interval_s: float = 10.0
-    snapshot_max_bytes: int = 64 * 1024 * 1024
-    """A pod's snapshot larger than this is neither written nor read."""
-    bootstrap_peer: str | None = None
-    """A running gateway (http://host:port) whose index snapshots a new replica starts from."""
-    admin_port: int | None = None
-    """A second port for `/metrics` and `/admin/*` (then not served on `port`), so the API's
-    Service need not expose them; None: everything on `port`."""
-    replica_sync_bind: str | None = None
-    """ZMQ endpoint on which this replica publishes its routing decisions to its peers
-    (`tcp://0.0.0.0:5590`); None: no sharing (independent replicas)."""
-    replica_peers: tuple[str, ...] = ()
-    """The other replicas' sync endpoints (`tcp://host:port`), whose decisions this one
-    follows."""
-    replica_peer_service: str | None = None
-    """`host:port` resolved every few seconds to every replica's address (a headless
-    Service in Kubernetes): the peers, as they come and go."""
-    log_format: str = "text"
-    """`text` (timestamped lines) or `json` (one object per line), see `gateway/logs.py`."""
-    access_log: bool = True
-    """One `kvgate.access` line per request (status, pod, policy, cached blocks, TTFT,
-    duration)."""
-
-    def __post_init__(self) -> None:
-        if self.routing_config is None and self.default_policy not in POLICIES:
-            raise ConfigError("KVGATE_DEFAULT_POLICY", self.default_policy, _one_of(POLICIES))
-        if self.log_format not in LOG_FORMATS:
-            raise ConfigError("KVGATE_LOG_FORMAT", self.log_format, _one_of(LOG_FORMATS))
-        if self.discovery not in DISCOVERIES:
-            raise ConfigError("KVGATE_DISCOVERY", self.discovery, _one_of(DISCOVERIES))
-        if self.pin_default_ttl_s > self.pin_max_ttl_s:
-            raise ConfigError("KVGATE_PIN_DEFAULT_TTL", self.pin_default_ttl_s,
-                              f"at most KVGATE_PIN_MAX_TTL ({self.pin_max_ttl_s:g} s)")  # fmt: skip
-        if not 0 < self.port < 65536:
-            raise ConfigError("KVGATE_PORT", self.port, "a TCP port in 1..65535")
-        if self.admin_port is not None and self.admin_port == self.port:
-            raise ConfigError("KVGATE_ADMIN_PORT", self.admin_port, "a port other than KVGATE_PORT")
-
-    @property
-    def prefix_routing(self) -> bool:
-        """Whether prompts are tokenized and matched against the index at all."""
-        return self.use_remote_tokenizer
-
-    @classmethod
-    def load(cls, env: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> Settings:
-        """Settings from `env`, then `overrides` (command-line flags; None = not given)."""
-        values: dict[str, Any] = {}
-        reader = _EnvReader(env)
-        values["host"] = reader.get("KVGATE_HOST", str, "127.0.0.1", "a host name or address")
-        values["port"] = reader.get("KVGATE_PORT", _port, 8080, "a TCP port in 1..65535")
-        pods_file = reader.get("KVGATE_PODS_FILE", Path, None, "a file path")
-        values["pods_file"] = pods_file
-        values["discovery"] = reader.get(
-            "KVGATE_DISCOVERY", _choice(DISCOVERIES), "static", _one_of(DISCOVERIES)
-        )
-        every_namespace: tuple[str, ...] = ()
-        values["k8s_namespaces"] = reader.get(
-            "KVGATE_K8S_NAMESPACES", _namespaces, every_namespace, "comma-separated namespace names"
-        )
-        values["k8s_label_selector"] = reader.get(
-            "KVGATE_K8S_LABEL_SELECTOR", str, "model.aibrix.ai/name", "a label selector"
-        )
-        values["routing_config"] = reader.get("KVGATE_ROUTING_CONFIG", Path, None, "a file path")
-        aibrix_default = reader.get(
-            "ROUTING_ALGORITHM", _choice(tuple(AIBRIX_STRATEGIES)), "prefix-cache",
-            "an AIBrix strategy kvgate has: " + _one_of(tuple(AIBRIX_STRATEGIES)),
-        )  # fmt: skip
-        values["default_policy"] = reader.get(
-            "KVGATE_DEFAULT_POLICY", str, AIBRIX_STRATEGIES[aibrix_default],
-            "a policy name: " + _one_of(POLICIES),
-        )  # fmt: skip
-        values["slo_shed"] = reader.get("KVGATE_SLO_SHED", _bool, False, "true or false")
-        values["use_remote_tokenizer"] = reader.get(
-            "AIBRIX_USE_REMOTE_TOKENIZER", _bool, True, "true or false"
-        )
-        values["kv_event_sync"] = reader.get(
-            "AIBRIX_KV_EVENT_SYNC_ENABLED", _bool, True, "true or false"
-        )
-        reader.get("AIBRIX_PREFIX_CACHE_TOKENIZER_TYPE", _choice(("remote",)), "remote", "remote")
-        values["tokenizer_engine"] = reader.get(
-            "AIBRIX_REMOTE_TOKENIZER_ENGINE", _choice(ENGINES), "vllm", _one_of(ENGINES)
-        )
-        values["tokenizer_endpoint"] = reader.get(
-            "AIBRIX_REMOTE_TOKENIZER_ENDPOINT", _url, None, "an http(s):// URL"
-        )
-        values["tokenizer_timeout_s"] = reader.get(
-            "AIBRIX_REMOTE_TOKENIZER_TIMEOUT", _duration, 2.0, _DURATION_HELP
-        )
-        values["tokenizer_max_retries"] = reader.get(
-            "AIBRIX_REMOTE_TOKENIZER_MAX_RETRIES", _non_negative_int, 1, "an integer >= 0"
-        )
-        values["tokenizer_cache_size"] = reader.get(
-            "KVGATE_TOKENIZER_CACHE_SIZE", _non_negative_int, 4096, "an integer >= 0"
-        )
-        values["admin_token"] = reader.get("KVGATE_ADMIN_TOKEN", str, None, "a token") or None
-        values["max_body_bytes"] = reader.get(
-            "KVGATE_MAX_BODY_BYTES", _positive_int, 16 * 1024 * 1024, "an integer > 0"
-        )
-        values["max_concurrent_requests"] = reader.get(
-            "KVGATE_MAX_CONCURRENT_REQUESTS", _positive_int, 1024, "an integer > 0"
-        )
-        values["max_bodies_per_client"] = reader.get(
-            "KVGATE_MAX_BODIES_PER_CLIENT", _positive_int, 64, "an integer > 0"
-        )
-        values["max_prompt_tokens"] = reader.get(
-            "KVGATE_MAX_PROMPT_TOKENS", _positive_int, None, "an integer > 0"
-        )
-        values["max_header_bytes"] = reader.get(
-            "KVGATE_MAX_HEADER_BYTES", _positive_int, 32 * 1024, "an integer > 0"
-        )
-        for variable, name, default in (
-            ("KVGATE_BODY_TIMEOUT", "body_timeout_s", 30.0),
-            ("KVGATE_HEADER_TIMEOUT", "header_timeout_s", 10.0),
-            ("KVGATE_UPSTREAM_CONNECT_TIMEOUT", "upstream_connect_timeout_s", 2.0),
-            ("KVGATE_UPSTREAM_TIMEOUT", "upstream_timeout_s", 600.0),
-            ("KVGATE_DEAD_POD_GRACE", "dead_pod_grace_s", 10.0),
-            ("KVGATE_SCRAPE_INTERVAL", "scrape_interval_s", 1.0),
-            ("KVGATE_DRAIN_TIMEOUT", "drain_timeout_s", 20.0),
-            ("KVGATE_PIN_DEFAULT_TTL", "pin_default_ttl_s", 600.0),
-            ("KVGATE_PIN_MAX_TTL", "pin_max_ttl_s", 3600.0),
-            ("KVGATE_PIN_INTERVAL", "pin_interval_s", 1.0),
-        ):
-            values[name] = reader.get(variable, _duration, default, _DURATION_HELP)
-        values["max_connections_per_pod"] = reader.get(
-            "KVGATE_MAX_CONNECTIONS_PER_POD", _positive_int, 256, "an integer > 0"
-        )
-        values["unhealthy_after"] = reader.get(
-            "KVGATE_UNHEALTHY_AFTER", _positive_int, 3, "an integer > 0"
-        )
-        values["session_header"] = reader.get(
-            "KVGATE_SESSION_HEADER", _header, "x-session-id", "an HTTP header name"
-        )
-        values["hot_spot_margin"] = reader.get(
-            "KVGATE_HOT_SPOT_MARGIN", _positive_int, 16, "an integer > 0"
-        )
-        values["tier_weights"] = reader.get(
-            "KVGATE_TIER_WEIGHTS", _tier_weights, dict(DEFAULT_TIER_WEIGHTS), _WEIGHTS_HELP
-        )
-        values["gc_gen0_threshold"] = reader.get(
-            "KVGATE_GC_GEN0_THRESHOLD", _non_negative_int, DEFAULT_GC_GEN0_THRESHOLD, ">= 0"
-        )
-        values["snapshot_dir"] = reader.get("KVGATE_SNAPSHOT_DIR", Path, None, "a directory path")
-        values["snapshot_interval_s"] = reader.get(
-            "KVGATE_SNAPSHOT_INTERVAL_S", _duration, 10.0, _DURATION_HELP
-        )
-        values["snapshot_max_bytes"] = reader.get(
-            "KVGATE_SNAPSHOT_MAX_BYTES", _positive_int, 64 * 1024 * 1024, "an integer > 0"
-        )
-        values["bootstrap_peer"] = reader.get(
-            "KVGATE_BOOTSTRAP_PEER", _url, None, "an http(s):// URL of a running gateway"
-        )
-        values["admin_port"] = reader.get(
-            "KVGATE_ADMIN_PORT", _port, None, "a TCP port in 1..65535, not KVGATE_PORT"
-        )
-        values["replica_sync_bind"] = reader.get(
-            "KVGATE_REPLICA_SYNC_BIND", _zmq_endpoint, None, "a ZMQ endpoint (tcp://host:port)"
-        )
-        no_peers: tuple[str, ...] = ()
-        values["replica_peers"] = reader.get(
-            "KVGATE_REPLICA_PEERS", _zmq_endpoints, no_peers, "comma-separated ZMQ endpoints"
-        )
-        values["replica_peer_service"] = reader.get(
-            "KVGATE_REPLICA_PEER_SERVICE", _host_port, None, "host:port (a headless Service)"
-        )
-        values["pin_token"] = reader.get("KVGATE_PIN_TOKEN", str, None, "a token") or None
-        values["pin_max_leases"] = reader.get(
-            "KVGATE_PIN_MAX_LEASES", _positive_int, 1024, "an integer > 0"
-        )
-        values["pin_max_leases_per_pod"] = reader.get(
-            "KVGATE_PIN_MAX_LEASES_PER_POD", _positive_int, 128, "an integer > 0"
-        )
-        values["pin_budget_fraction"] = reader.get(
-            "KVGATE_PIN_BUDGET_FRACTION", _fraction, 0.5, "a number in (0, 1]"
-        )
-        values["log_format"] = reader.get(
-            "KVGATE_LOG_FORMAT", _choice(LOG_FORMATS), "text", _one_of(LOG_FORMATS)
-        )
-        values["access_log"] = reader.get("KVGATE_ACCESS_LOG", _bool, True, "true or false")
-        values["index"] = IndexConfig.from_env(env)
-        if (
-            values["pin_default_ttl_s"] > values["pin_max_ttl_s"]
-            and not env.get("KVGATE_PIN_DEFAULT_TTL", "").strip()
-        ):
-            values["pin_default_ttl_s"] = values["pin_max_ttl_s"]  # a lower maximum caps it
-        settings = cls(**values)
-        if overrides:
-            given = {key: value for key, value in overrides.items() if value is not None}
-            settings = replace(settings, **given)
-        return settings.validated()
-
-    def validated(self) -> Settings:
-        """Apply the seed's dependency rule: KV sync needs the remote tokenizer."""
-        if self.kv_event_sync and not self.use_remote_tokenizer:
-            logger.warning(
-                "AIBRIX_KV_EVENT_SYNC_ENABLED=true needs AIBRIX_USE_REMOTE_TOKENIZER=true: "
-                "KV event sync is disabled (routing uses load only)"
-            )
-            return replace(self, kv_event_sync=False)
-        return self
-
-
-def setting_names() -> list[str]:
-    """Every environment variable (and `--config` key) a setting is read from."""
-    asked = _AskedNames({})
-    Settings.load(asked)
-    return sorted(name for name in asked.names if name.startswith(("KVGATE_", "AIBRIX_")))
-
-
-def read_config_file(path: Path) -> dict[str, str]:
-    """`kvgate serve --config FILE`: TOML or YAML, a flat table of the environment's names
-    (`KVGATE_PORT = 8080`). Values become the strings the environment would hold; a name no
-    setting reads, a nested table or an unreadable file is a ConfigError naming it."""
-    where = f"--config {path}"
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(where, str(path), f"a readable file ({exc})") from None
-    try:
-        yaml_file = path.suffix in (".yaml", ".yml")
-        data = (yaml.safe_load(raw) or {}) if yaml_file else tomllib.loads(raw)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(where, str(path), f"valid TOML or YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(where, type(data).__name__, "a table of settings")
-    known = set(setting_names())
-    values: dict[str, str] = {}
-    for name, value in data.items():
-        if name not in known:
-            raise ConfigError(f"{where}: {name}", value, "a setting's name (README)")
-        if isinstance(value, bool):
-            values[name] = "true" if value else "false"
-        elif isinstance(value, str | int | float):
-            values[name] = str(value)
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            values[name] = ",".join(value)
-        else:
-            raise ConfigError(f"{where}: {name}", value, "a string, number, boolean or list")
-    return values
-
-
-def unread_variables(env: Mapping[str, str]) -> list[str]:
-    """`KVGATE_*` and `AIBRIX_*` variables set in `env` that no setting reads: a typo, or an
-    AIBrix setting kvgate has no feature for (warned about once at start-up)."""
-    asked = _AskedNames(env)
-    with contextlib.suppress(ConfigError):
-        Settings.load(asked)
-    return sorted(
-        name for name in env if name.startswith(("KVGATE_", "AIBRIX_")) and name not in asked.names
-    )
-
-
-class _AskedNames(Mapping[str, str]):
-    """The environment, remembering which names were looked up."""
-
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = env
-        self.names: set[str] = set()
-
-    def __getitem__(self, name: str) -> str:
-        self.names.add(name)
-        return self._env[name]
-
-    def get(self, name: str, default: Any = None) -> Any:
-        self.names.add(name)
-        return self._env.get(name, default)
-
-    def __contains__(self, name: object) -> bool:
-        if isinstance(name, str):
-            self.names.add(name)
-        return name in self._env
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._env)
-
-    def __len__(self) -> int:
-        return len(self._env)
-
-
-class _EnvReader:
-    def __init__(self, env: Mapping[str, str]) -> None:
-        self._env = env
-
-    def get(self, variable: str, parse: Callable[[str], T], default: T, allowed: str) -> T:
-        raw = self._env.get(variable)
-        if raw is None or raw.strip() == "":
-            return default
-        try:
-            return parse(raw.strip())
-        except (ValueError, TypeError):
-            raise ConfigError(variable, raw, allowed) from None
-
 
 def _one_of(choices: tuple[str, ...]) -> str:
     return "one of " + ", ".join(choices)
@@ -433,14 +66,14 @@ def _bool(raw: str) -> bool:
 
 
 def _positive_int(raw: str) -> int:
-    value = int(raw)
+    value = _integer(raw)
     if value <= 0:
         raise ValueError(raw)
     return value
 
 
 def _non_negative_int(raw: str) -> int:
-    value = int(raw)
+    value = _integer(raw)
     if value < 0:
         raise ValueError(raw)
     return value
@@ -454,7 +87,7 @@ def _fraction(raw: str) -> float:
 
 
 def _port(raw: str) -> int:
-    value = int(raw)
+    value = _integer(raw)
     if not 0 < value < 65536:
         raise ValueError(raw)
     return value
@@ -516,6 +149,13 @@ def _duration(raw: str) -> float:
     return value
 
 
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("h", 3600.0), ("m", 60.0), ("s", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds * 1000:g}ms"
+
+
 _WEIGHTS_HELP = "comma-separated TIER=WEIGHT with tiers GPU, CPU, STORAGE, EXPECTED (e.g. CPU=0.8)"
 
 
@@ -529,3 +169,537 @@ def _tier_weights(raw: str) -> dict[Tier, float]:
             raise ValueError(raw)
         weights[tier] = weight
     return weights
+
+
+_PORT_HELP = "a TCP port in 1..65535"
+_BOOL_HELP = "true or false"
+
+
+def _integer(raw: str) -> int:
+    """A plain decimal integer: `int()` alone would take `3_000` or other scripts' digits."""
+    if not re.fullmatch(r"[+-]?[0-9]+", raw):
+        raise ValueError(raw)
+    return int(raw)
+
+
+def _positive_number(raw: str) -> float:
+    value = float(raw)
+    if not 0 < value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def _minutes(raw: str) -> float:
+    return _positive_number(raw) * 60.0
+
+
+def _hash_seed(raw: str) -> int:
+    value = int(raw, 0)
+    if not 0 <= value < 2**64:
+        raise ValueError(raw)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Alias:
+    """Another name a setting is read from (an AIBrix name), when the setting's own is
+    unset; `parse` and `allowed` when it spells values differently."""
+
+    variable: str
+    parse: Callable[[str], Any] | None = None
+    allowed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """Everything said about one setting but its default, which is the field's."""
+
+    variable: str
+    parse: Callable[[str], Any]
+    allowed: str
+    meaning: str
+    aliases: tuple[Alias, ...] = ()
+    shown_default: str | None = None
+    """How the README shows the default when its Python value reads badly (16 MiB)."""
+
+    def default_text(self, default: object) -> str:
+        """The default as the README and `kvgate settings` show it."""
+        if self.shown_default is not None:
+            return self.shown_default
+        if default is None or default == ():
+            return "—"
+        if isinstance(default, bool):
+            return "true" if default else "false"
+        if self.parse is _duration and isinstance(default, float):
+            return _duration_text(default)
+        if isinstance(default, float):
+            return f"{default:g}"
+        return str(default)
+
+    def names(self) -> Iterator[tuple[str, Callable[[str], Any], str]]:
+        """(variable, parser, allowed) for the setting's own name, then its aliases."""
+        yield self.variable, self.parse, self.allowed
+        for alias in self.aliases:
+            yield alias.variable, alias.parse or self.parse, alias.allowed or self.allowed
+
+
+_DECLARATION = "kvgate.setting"
+
+
+def _setting(
+    default: Any,
+    variable: str,
+    parse: Callable[[str], Any],
+    allowed: str,
+    meaning: str,
+    *,
+    aliases: tuple[Alias, ...] = (),
+    shown: str | None = None,
+    factory: Callable[[], Any] | None = None,
+    secret: bool = False,
+) -> Any:
+    """A Settings field and its one declaration: default, variable, parser, help."""
+    metadata = {_DECLARATION: Declaration(variable, parse, allowed, meaning, aliases, shown)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata, repr=not secret)
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every setting of `kvgate serve`, each declared once: its field carries the default,
+    the variable it is read from (and AIBrix's name for it, if any), the parser, what is
+    allowed and what it means. The README's table is generated from these declarations
+    (`kvgate settings --markdown`) and a test keeps the two equal."""
+
+    host: str = _setting(
+        "127.0.0.1", "KVGATE_HOST", str, "a host name or address", "address to listen on (`--host`)"
+    )
+    port: int = _setting(8080, "KVGATE_PORT", _port, _PORT_HELP, "the API's port (`--port`)")
+    pods_file: Path | None = _setting(
+        None, "KVGATE_PODS_FILE", Path, "a file path",
+        "static discovery file, JSON or TOML, reloaded when it changes or on SIGHUP (`--pods`)",
+    )  # fmt: skip
+    discovery: str = _setting(
+        "static", "KVGATE_DISCOVERY", _choice(DISCOVERIES), _one_of(DISCOVERIES),
+        "where pods come from: `static` (the pods file) or `kubernetes` (the API: "
+        "[docs/kubernetes.md](docs/kubernetes.md))",
+    )  # fmt: skip
+    k8s_namespaces: tuple[str, ...] = _setting(
+        (), "KVGATE_K8S_NAMESPACES", _namespaces, "comma-separated namespace names",
+        "namespaces watched by Kubernetes discovery; unset: the gateway's own",
+    )  # fmt: skip
+    k8s_label_selector: str = _setting(
+        "model.aibrix.ai/name", "KVGATE_K8S_LABEL_SELECTOR", str, "a label selector",
+        "which pods Kubernetes discovery takes",
+    )  # fmt: skip
+    default_policy: str = _setting(
+        "prefix-cache", "KVGATE_DEFAULT_POLICY", str, "a policy name: " + _one_of(POLICIES),
+        "a built-in policy or a profile of the routing config (`--policy`)",
+        aliases=(Alias("ROUTING_ALGORITHM", AIBRIX_STRATEGIES.__getitem__,
+                       "an AIBrix strategy kvgate has: " + _one_of(tuple(AIBRIX_STRATEGIES))),),
+    )  # fmt: skip
+    routing_config: Path | None = _setting(
+        None, "KVGATE_ROUTING_CONFIG", Path, "a file path",
+        "routing profiles (TOML or YAML) laid over the built-ins "
+        "([docs/routing.md](docs/routing.md)); `--routing-config`",
+    )  # fmt: skip
+    slo_shed: bool = _setting(
+        False, "KVGATE_SLO_SHED", _bool, _BOOL_HELP,
+        "429 + `Retry-After` when no pod is predicted to meet a request's `x-slo-ttft-ms`",
+    )  # fmt: skip
+    hot_spot_margin: int = _setting(
+        16, "KVGATE_HOT_SPOT_MARGIN", _positive_int, "an integer > 0",
+        "`prefix-share`: a pod with this many more requests in flight than the least loaded "
+        "candidate is not chosen for its cache",
+        aliases=(Alias("AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT"),
+                 Alias("AIBRIX_LOAD_BALANCE_IMBALANCE_MIN_GAP")),
+    )  # fmt: skip
+    tier_weights: Mapping[Tier, float] = _setting(
+        None, "KVGATE_TIER_WEIGHTS", _tier_weights, _WEIGHTS_HELP,
+        "what a block held off-GPU (or only expected) is worth against one in GPU memory",
+        factory=lambda: dict(DEFAULT_TIER_WEIGHTS), shown="GPU=1,CPU=0.8,STORAGE=0.25,EXPECTED=0.9",
+    )  # fmt: skip
+    session_header: str = _setting(
+        "x-session-id", "KVGATE_SESSION_HEADER", _header, "an HTTP header name",
+        "the header the `session` policy keys on",
+    )  # fmt: skip
+    use_remote_tokenizer: bool = _setting(
+        True, "AIBRIX_USE_REMOTE_TOKENIZER", _bool, _BOOL_HELP,
+        "tokenize with the engines' `/tokenize` (needed for prefix routing)",
+        aliases=(Alias("AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER"),),
+    )  # fmt: skip
+    kv_event_sync: bool = _setting(
+        True, "AIBRIX_KV_EVENT_SYNC_ENABLED", _bool, _BOOL_HELP,
+        "subscribe to KV events; needs the remote tokenizer, else disabled with a warning",
+        aliases=(Alias("AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED"),),
+    )  # fmt: skip
+    tokenizer_type: str = _setting(
+        "remote", "AIBRIX_PREFIX_CACHE_TOKENIZER_TYPE", _choice(("remote",)), "remote",
+        "only `remote` is supported",
+    )  # fmt: skip
+    tokenizer_engine: str = _setting(
+        "vllm", "AIBRIX_REMOTE_TOKENIZER_ENGINE", _choice(ENGINES), _one_of(ENGINES),
+        "the kind of `AIBRIX_REMOTE_TOKENIZER_ENDPOINT` (SGLang's `/tokenize` takes text "
+        "prompts only, no chat messages)",
+    )  # fmt: skip
+    tokenizer_endpoint: str | None = _setting(
+        None, "AIBRIX_REMOTE_TOKENIZER_ENDPOINT", _url, "an http(s):// URL",
+        "a fixed tokenizer URL; unset: the model's own pods (chat prompts only at vLLM pods, "
+        "so SGLang-only models need it for chat prefix routing)",
+        aliases=(Alias("AIBRIX_PREFIX_CACHE_REMOTE_TOKENIZER_ENDPOINT"),),
+    )  # fmt: skip
+    tokenizer_timeout_s: float = _setting(
+        2.0, "AIBRIX_REMOTE_TOKENIZER_TIMEOUT", _duration, _DURATION_HELP,
+        "one tokenization call", aliases=(Alias("AIBRIX_TOKENIZER_REQUEST_TIMEOUT"),),
+    )  # fmt: skip
+    tokenizer_max_retries: int = _setting(
+        1, "AIBRIX_REMOTE_TOKENIZER_MAX_RETRIES", _non_negative_int, "an integer >= 0",
+        "retries of a failed tokenization (then the request is routed on load)",
+    )  # fmt: skip
+    tokenizer_cache_size: int = _setting(
+        4096, "KVGATE_TOKENIZER_CACHE_SIZE", _non_negative_int, "an integer >= 0",
+        "LRU entries keyed by (model, exact content)",
+    )  # fmt: skip
+    index: IndexConfig = field(default_factory=IndexConfig)
+    """Read from the declarations of `INDEX_SETTINGS` (defaults: the indexer's own)."""
+    admin_token: str | None = _setting(
+        None, "KVGATE_ADMIN_TOKEN", str, "a token",
+        "enables the admin API (`Authorization: Bearer …`)", secret=True,
+    )  # fmt: skip
+    pin_token: str | None = _setting(
+        None, "KVGATE_PIN_TOKEN", str, "a token",
+        "grants the per-request pin opt-in (`x-kvgate-pin-token`) without admin rights",
+        secret=True,
+    )  # fmt: skip
+    max_body_bytes: int = _setting(
+        16 * 1024 * 1024, "KVGATE_MAX_BODY_BYTES", _positive_int, "an integer > 0",
+        "413 beyond it", shown="16 MiB",
+    )  # fmt: skip
+    max_concurrent_requests: int = _setting(
+        1024, "KVGATE_MAX_CONCURRENT_REQUESTS", _positive_int, "an integer > 0",
+        "requests in progress (not probes, `/metrics`), from a complete body to the answer's "
+        "last byte; 429 + `Retry-After` beyond it",
+    )  # fmt: skip
+    max_bodies_per_client: int = _setting(
+        64, "KVGATE_MAX_BODIES_PER_CLIENT", _positive_int, "an integer > 0",
+        "request bodies being received at once per client address (slow senders hold no "
+        "request slot); 429 beyond it",
+    )  # fmt: skip
+    max_prompt_tokens: int | None = _setting(
+        None, "KVGATE_MAX_PROMPT_TOKENS", _positive_int, "an integer > 0",
+        "400 beyond it (checked when the prompt was tokenized); unset: no limit",
+    )  # fmt: skip
+    max_header_bytes: int = _setting(
+        32 * 1024, "KVGATE_MAX_HEADER_BYTES", _positive_int, "an integer > 0",
+        "URL + headers; 431 beyond it", shown="32 KiB",
+    )  # fmt: skip
+    body_timeout_s: float = _setting(
+        30.0, "KVGATE_BODY_TIMEOUT", _duration, _DURATION_HELP,
+        "longest time a client may take to send its body (408): the slow-loris bound",
+    )  # fmt: skip
+    header_timeout_s: float = _setting(
+        10.0, "KVGATE_HEADER_TIMEOUT", _duration, _DURATION_HELP,
+        "longest time a connection may take to send a request's headers (then closed)",
+    )  # fmt: skip
+    upstream_connect_timeout_s: float = _setting(
+        2.0, "KVGATE_UPSTREAM_CONNECT_TIMEOUT", _duration, _DURATION_HELP, "connecting to a pod"
+    )
+    upstream_timeout_s: float = _setting(
+        600.0, "KVGATE_UPSTREAM_TIMEOUT", _duration, _DURATION_HELP,
+        "longest wait for the engine's next byte (headers, or the next chunk of a stream)",
+    )  # fmt: skip
+    dead_pod_grace_s: float = _setting(
+        10.0, "KVGATE_DEAD_POD_GRACE", _duration, _DURATION_HELP,
+        "requests in flight to a pod that left discovery or failed its health checks are cut "
+        "after this (streams cut, waiting requests fail over)",
+    )  # fmt: skip
+    max_connections_per_pod: int = _setting(
+        256, "KVGATE_MAX_CONNECTIONS_PER_POD", _positive_int, "an integer > 0",
+        "kept-alive connections per pod",
+    )  # fmt: skip
+    scrape_interval_s: float = _setting(
+        1.0, "KVGATE_SCRAPE_INTERVAL", _duration, _DURATION_HELP,
+        "engine `/metrics` scrape period (load and health)",
+    )  # fmt: skip
+    unhealthy_after: int = _setting(
+        3, "KVGATE_UNHEALTHY_AFTER", _positive_int, "an integer > 0",
+        "consecutive failed scrapes that mark a pod unhealthy",
+    )  # fmt: skip
+    drain_timeout_s: float = _setting(
+        20.0, "KVGATE_DRAIN_TIMEOUT", _duration, _DURATION_HELP,
+        "on shutdown, how long in-flight requests may finish",
+    )  # fmt: skip
+    gc_gen0_threshold: int = _setting(
+        DEFAULT_GC_GEN0_THRESHOLD, "KVGATE_GC_GEN0_THRESHOLD", _non_negative_int,
+        "an integer >= 0", "CPython's generation-0 GC threshold (`gateway/runtime.py`); 0 "
+        "keeps CPython's default",
+    )  # fmt: skip
+    pin_budget_fraction: float = _setting(
+        0.5, "KVGATE_PIN_BUDGET_FRACTION", _fraction, "a number in (0, 1]",
+        "pinned blocks per pod may not exceed this share of its GPU KV cache",
+    )  # fmt: skip
+    pin_default_ttl_s: float = _setting(
+        600.0, "KVGATE_PIN_DEFAULT_TTL", _duration, _DURATION_HELP,
+        "lease of a pin that asks for none (capped by `KVGATE_PIN_MAX_TTL` when unset)",
+    )  # fmt: skip
+    pin_max_ttl_s: float = _setting(
+        3600.0, "KVGATE_PIN_MAX_TTL", _duration, _DURATION_HELP,
+        "longest lease a pin may ask for (a longer `ttl` is refused with a 400)",
+    )  # fmt: skip
+    pin_max_leases: int = _setting(
+        1024, "KVGATE_PIN_MAX_LEASES", _positive_int, "an integer > 0",
+        "live pin leases in total (beyond it: 409 `lease_cap`)",
+    )  # fmt: skip
+    pin_max_leases_per_pod: int = _setting(
+        128, "KVGATE_PIN_MAX_LEASES_PER_POD", _positive_int, "an integer > 0",
+        "live pin leases per pod (beyond it: 409 `lease_cap`)",
+    )  # fmt: skip
+    pin_interval_s: float = _setting(
+        1.0, "KVGATE_PIN_INTERVAL", _duration, _DURATION_HELP,
+        "pin reconciliation and lease expiry period",
+    )  # fmt: skip
+    snapshot_dir: Path | None = _setting(
+        None, "KVGATE_SNAPSHOT_DIR", Path, "a directory path",
+        "where each pod's index snapshot is written and read at start-up, for fast restarts "
+        "([docs/reliability.md](docs/reliability.md#index-snapshots)); unset: not at all",
+    )  # fmt: skip
+    snapshot_interval_s: float = _setting(
+        10.0, "KVGATE_SNAPSHOT_INTERVAL_S", _duration, _DURATION_HELP, "snapshot period"
+    )
+    snapshot_max_bytes: int = _setting(
+        64 * 1024 * 1024, "KVGATE_SNAPSHOT_MAX_BYTES", _positive_int, "an integer > 0",
+        "a pod's snapshot larger than this is neither written nor read", shown="64 MiB",
+    )  # fmt: skip
+    bootstrap_peer: str | None = _setting(
+        None, "KVGATE_BOOTSTRAP_PEER", _url, "an http(s):// URL of a running gateway",
+        "a running gateway whose index snapshots a new replica starts from",
+    )  # fmt: skip
+    admin_port: int | None = _setting(
+        None, "KVGATE_ADMIN_PORT", _port, _PORT_HELP + ", not KVGATE_PORT",
+        "a second port for `/metrics` and `/admin/*`, which then 404 on `KVGATE_PORT` (the "
+        "API 404s on this one; `/health` and `/ready` answer on both), so the API's Service "
+        "need not expose them",
+    )  # fmt: skip
+    replica_sync_bind: str | None = _setting(
+        None, "KVGATE_REPLICA_SYNC_BIND", _zmq_endpoint, "a ZMQ endpoint (tcp://host:port)",
+        "ZMQ endpoint (`tcp://0.0.0.0:5590`) on which this replica publishes its routing "
+        "decisions to the others; unset: independent replicas "
+        "([docs/kubernetes.md](docs/kubernetes.md#high-availability-several-replicas-that-route-as-one))",
+    )  # fmt: skip
+    replica_peers: tuple[str, ...] = _setting(
+        (), "KVGATE_REPLICA_PEERS", _zmq_endpoints, "comma-separated ZMQ endpoints",
+        "the other replicas' sync endpoints (`tcp://host:port,…`)",
+    )  # fmt: skip
+    replica_peer_service: str | None = _setting(
+        None, "KVGATE_REPLICA_PEER_SERVICE", _host_port, "host:port (a headless Service)",
+        "a `host:port` resolved every 5 s to every replica's sync address: the peers, as they "
+        "come and go",
+    )  # fmt: skip
+    log_format: str = _setting(
+        "text", "KVGATE_LOG_FORMAT", _choice(LOG_FORMATS), _one_of(LOG_FORMATS),
+        "`text` (timestamped lines) or `json` (one object per line: `time`, `level`, "
+        "`logger`, `message`, `request_id`, `pod`)",
+    )  # fmt: skip
+    access_log: bool = _setting(
+        True, "KVGATE_ACCESS_LOG", _bool, _BOOL_HELP,
+        "one `kvgate.access` line per request (status, pod, policy, cached blocks, TTFT, "
+        "duration)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.routing_config is None and self.default_policy not in POLICIES:
+            raise ConfigError("KVGATE_DEFAULT_POLICY", self.default_policy, _one_of(POLICIES))
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError("KVGATE_LOG_FORMAT", self.log_format, _one_of(LOG_FORMATS))
+        if self.discovery not in DISCOVERIES:
+            raise ConfigError("KVGATE_DISCOVERY", self.discovery, _one_of(DISCOVERIES))
+        if self.pin_default_ttl_s > self.pin_max_ttl_s:
+            raise ConfigError("KVGATE_PIN_DEFAULT_TTL", self.pin_default_ttl_s,
+                              f"at most KVGATE_PIN_MAX_TTL ({self.pin_max_ttl_s:g} s)")  # fmt: skip
+        if not 0 < self.port < 65536:
+            raise ConfigError("KVGATE_PORT", self.port, _PORT_HELP)
+        if self.admin_port is not None and self.admin_port == self.port:
+            raise ConfigError("KVGATE_ADMIN_PORT", self.admin_port, "a port other than KVGATE_PORT")
+
+    @property
+    def prefix_routing(self) -> bool:
+        """Whether prompts are tokenized and matched against the index at all."""
+        return self.use_remote_tokenizer
+
+    @classmethod
+    def load(cls, env: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> Settings:
+        """Settings from `env`, then `overrides` (command-line flags; None = not given)."""
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            declaration = spec.metadata.get(_DECLARATION)
+            if declaration is not None:
+                value = _read(env, declaration)
+                if value is not _UNSET:
+                    values[spec.name] = value
+        values["index"] = _index_config(env)
+        if "pin_default_ttl_s" not in values:
+            maximum = values.get("pin_max_ttl_s", _field_default(cls, "pin_max_ttl_s"))
+            values["pin_default_ttl_s"] = min(maximum, _field_default(cls, "pin_default_ttl_s"))
+        settings = cls(**values)
+        if overrides:
+            given = {key: value for key, value in overrides.items() if value is not None}
+            settings = replace(settings, **given)
+        return settings.validated()
+
+    def validated(self) -> Settings:
+        """Apply the seed's dependency rule: KV sync needs the remote tokenizer."""
+        if self.kv_event_sync and not self.use_remote_tokenizer:
+            logger.warning(
+                "AIBRIX_KV_EVENT_SYNC_ENABLED=true needs AIBRIX_USE_REMOTE_TOKENIZER=true: "
+                "KV event sync is disabled (routing uses load only)"
+            )
+            return replace(self, kv_event_sync=False)
+        return self
+
+
+INDEX_SETTINGS: tuple[tuple[str, Declaration], ...] = (
+    ("block_size", Declaration(
+        "AIBRIX_PREFIX_CACHE_BLOCK_SIZE", _positive_int, "a positive integer number of tokens",
+        "gateway block size in tokens")),
+    ("hash_seed", Declaration(
+        "KVGATE_HASH_SEED", _hash_seed, "an unsigned 64-bit integer (decimal or 0x hex)",
+        "seed of the chained hash; identical on every replica",
+        shown_default=hex(DEFAULT_HASH_SEED))),
+    ("limits.max_contexts", Declaration(
+        "AIBRIX_SYNC_MAX_CONTEXTS", _positive_int, "a positive integer",
+        "(model, LoRA) contexts; the least recently used goes")),
+    ("limits.max_prefixes_per_context", Declaration(
+        "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT", _positive_int, "a positive integer",
+        "blocks per context; the least recently used 10 % are trimmed when crossed")),
+    ("limits.eviction_interval_s", Declaration(
+        "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS", _positive_number, "a positive number of seconds",
+        "how often the eviction pass runs")),
+    ("limits.eviction_duration_s", Declaration(
+        "AIBRIX_SYNC_EVICTION_DURATION_MINUTES", _minutes, "a positive number of minutes",
+        "lifetime of router-side entries of pods without events", shown_default="20 min")),
+    ("limits.max_blocks_per_pod", Declaration(
+        "KVGATE_INDEX_MAX_BLOCKS_PER_POD", _positive_int, "a positive integer",
+        "engine blocks per pod; further stores are refused and counted")),
+    ("limits.max_expected_per_pod", Declaration(
+        "KVGATE_INDEX_MAX_EXPECTED_PER_POD", _positive_int, "a positive integer",
+        "router-side entries per pod; the oldest go first")),
+    ("limits.expected_ttl_s", Declaration(
+        "KVGATE_INDEX_EXPECTED_TTL_SECONDS", _positive_number, "a positive number of seconds",
+        "lifetime of an unconfirmed router-side entry")),
+)  # fmt: skip
+"""The index's settings: the field of `IndexConfig` (or of its `limits`) each one sets.
+Their defaults are the indexer's own."""
+
+
+def declarations() -> list[tuple[Declaration, object]]:
+    """Every setting's declaration with its default, in the README's order."""
+    found: list[tuple[Declaration, object]] = []
+    defaults = Settings()
+    for spec in fields(Settings):
+        declaration = spec.metadata.get(_DECLARATION)
+        if declaration is not None:
+            found.append((declaration, getattr(defaults, spec.name)))
+    index = IndexConfig()
+    for path, declaration in INDEX_SETTINGS:
+        found.append((declaration, _attribute(index, path)))
+    return found
+
+
+def setting_groups() -> dict[str, list[tuple[Declaration, object]]]:
+    """The declarations with their defaults, as the README's two tables group them: the
+    gateway's, then the index's (README, "The indexer", "Limits")."""
+    everything = declarations()
+    split = len(everything) - len(INDEX_SETTINGS)
+    return {"gateway": everything[:split], "index": everything[split:]}
+
+
+def setting_names() -> list[str]:
+    """Every environment variable (and `--config` key) a setting is read from."""
+    return sorted(name for declaration, _ in declarations() for name, _, _ in declaration.names())
+
+
+def unread_variables(env: Mapping[str, str]) -> list[str]:
+    """`KVGATE_*` and `AIBRIX_*` variables set in `env` that no setting reads: a typo, or an
+    AIBrix setting kvgate has no feature for (warned about once at start-up)."""
+    known = set(setting_names())
+    return sorted(
+        name for name in env if name.startswith(("KVGATE_", "AIBRIX_")) and name not in known
+    )
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    """`kvgate serve --config FILE`: TOML or YAML, a flat table of the environment's names
+    (`KVGATE_PORT = 8080`). Values become the strings the environment would hold; a name no
+    setting reads, a nested table or an unreadable file is a ConfigError naming it."""
+    where = f"--config {path}"
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(where, str(path), f"a readable file ({exc})") from None
+    try:
+        yaml_file = path.suffix in (".yaml", ".yml")
+        data = (yaml.safe_load(raw) or {}) if yaml_file else tomllib.loads(raw)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(where, str(path), f"valid TOML or YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(where, type(data).__name__, "a table of settings")
+    known = set(setting_names())
+    values: dict[str, str] = {}
+    for name, value in data.items():
+        if name not in known:
+            raise ConfigError(f"{where}: {name}", value, "a setting's name (README)")
+        if isinstance(value, bool):
+            values[name] = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            values[name] = str(value)
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            values[name] = ",".join(value)
+        else:
+            raise ConfigError(f"{where}: {name}", value, "a string, number, boolean or list")
+    return values
+
+
+class _Unset:
+    pass
+
+
+_UNSET = _Unset()
+
+
+def _read(env: Mapping[str, str], declaration: Declaration) -> Any:
+    """The setting's value from its own variable, else from its first alias that is set;
+    every name is parsed, so a bad value under any of them stops start-up."""
+    found: Any = _UNSET
+    for variable, parse, allowed in declaration.names():
+        raw = env.get(variable)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            value = parse(raw.strip())
+        except (ValueError, TypeError, KeyError):
+            raise ConfigError(variable, raw, allowed) from None
+        if found is _UNSET:
+            found = value
+    return found
+
+
+def _index_config(env: Mapping[str, str]) -> IndexConfig:
+    values: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    for path, declaration in INDEX_SETTINGS:
+        value = _read(env, declaration)
+        if value is not _UNSET:
+            group, _, name = path.rpartition(".")
+            (limits if group == "limits" else values)[name] = value
+    return IndexConfig(**values, limits=IndexLimits(**limits))
+
+
+def _attribute(target: object, path: str) -> object:
+    for name in path.split("."):
+        target = getattr(target, name)
+    return target
+
+
+def _field_default(cls: type[Settings], name: str) -> Any:
+    return next(spec.default for spec in fields(cls) if spec.name == name)

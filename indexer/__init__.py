@@ -1,6 +1,6 @@
 """Prefix hashing and the sync prefix-hash table (pure, synchronous, no I/O)."""
 
-from indexer.config import ConfigError, IndexConfig, IndexLimits
+from indexer.config import IndexConfig, IndexLimits, InvalidIndexConfig
 from indexer.hashing import DEFAULT_HASH_SEED, PrefixHasher
 from indexer.match import IndexStats, MatchResult
 from indexer.snapshot import (
@@ -15,11 +15,11 @@ from indexer.types import EngineHash, ModelContext, StoredBlocksEvent, Tier, Unk
 
 __all__ = [
     "DEFAULT_HASH_SEED",
-    "ConfigError",
     "EngineHash",
     "IndexConfig",
     "IndexLimits",
     "IndexStats",
+    "InvalidIndexConfig",
     "MatchResult",
     "ModelContext",
     "PodIndexState",

@@ -1,22 +1,19 @@
-"""Index configuration: block size, hash seed and limits (the seed's AIBRIX_* names)."""
+"""Index configuration: block size, hash seed and limits. The gateway reads them from its
+settings (`gateway/settings.py`, `INDEX_SETTINGS`: the seed's AIBRIX_* names)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
 
 from indexer.hashing import DEFAULT_HASH_SEED
 
 
-class ConfigError(ValueError):
-    """An invalid setting: names the variable, the value and what is allowed."""
+class InvalidIndexConfig(ValueError):
+    """An index configuration that breaks an invariant (a field, its value, what is
+    allowed). The gateway reads and checks its settings before they get here."""
 
-    def __init__(self, variable: str, value: object, allowed: str) -> None:
-        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
-        self.variable = variable
-        self.value = value
-        self.allowed = allowed
+    def __init__(self, name: str, value: object, allowed: str) -> None:
+        super().__init__(f"{name}={value!r} is invalid: expected {allowed}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,51 +46,7 @@ class IndexLimits:
         for spec in fields(self):
             value = getattr(self, spec.name)
             if not value > 0:
-                raise ConfigError(spec.name, value, "a positive number")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> IndexLimits:
-        """Read the limits from environment-style settings; unset names keep defaults."""
-        values: dict[str, Any] = {}
-        for variable, (name, parse, allowed) in _ENV.items():
-            raw = env.get(variable)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                value = parse(raw.strip())
-            except ValueError:
-                raise ConfigError(variable, raw, allowed) from None
-            if not value > 0:
-                raise ConfigError(variable, raw, allowed)
-            values[name] = value
-        return cls(**values)
-
-
-def _minutes(raw: str) -> float:
-    return float(raw) * 60.0
-
-
-_ENV: dict[str, tuple[str, Callable[[str], float | int], str]] = {
-    "AIBRIX_SYNC_MAX_CONTEXTS": ("max_contexts", int, "a positive integer"),
-    "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT": (
-        "max_prefixes_per_context",
-        int,
-        "a positive integer",
-    ),
-    "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS": (
-        "eviction_interval_s",
-        float,
-        "a positive number of seconds",
-    ),
-    "AIBRIX_SYNC_EVICTION_DURATION_MINUTES": (
-        "eviction_duration_s",
-        _minutes,
-        "a positive number of minutes",
-    ),
-    "KVGATE_INDEX_MAX_BLOCKS_PER_POD": ("max_blocks_per_pod", int, "a positive integer"),
-    "KVGATE_INDEX_MAX_EXPECTED_PER_POD": ("max_expected_per_pod", int, "a positive integer"),
-    "KVGATE_INDEX_EXPECTED_TTL_SECONDS": ("expected_ttl_s", float, "a positive number of seconds"),
-}
+                raise InvalidIndexConfig(spec.name, value, "a positive number")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,29 +61,6 @@ class IndexConfig:
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
-            raise ConfigError("block_size", self.block_size, "a positive number of tokens")
+            raise InvalidIndexConfig("block_size", self.block_size, "a positive number of tokens")
         if not 0 <= self.hash_seed < 2**64:
-            raise ConfigError("hash_seed", self.hash_seed, "an unsigned 64-bit integer")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> IndexConfig:
-        values: dict[str, Any] = {"limits": IndexLimits.from_env(env)}
-        raw = env.get("AIBRIX_PREFIX_CACHE_BLOCK_SIZE", "").strip()
-        if raw:
-            if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:  # "²" is a digit too
-                raise ConfigError(
-                    "AIBRIX_PREFIX_CACHE_BLOCK_SIZE", raw, "a positive integer number of tokens"
-                )
-            values["block_size"] = int(raw)
-        raw = env.get("KVGATE_HASH_SEED", "").strip()
-        if raw:
-            try:
-                seed = int(raw, 0)
-            except ValueError:
-                seed = -1
-            if not 0 <= seed < 2**64:
-                raise ConfigError(
-                    "KVGATE_HASH_SEED", raw, "an unsigned 64-bit integer (decimal or 0x hex)"
-                )
-            values["hash_seed"] = seed
-        return cls(**values)
+            raise InvalidIndexConfig("hash_seed", self.hash_seed, "an unsigned 64-bit integer")

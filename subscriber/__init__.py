@@ -1,5 +1,6 @@
 """kvgate subscriber: KV event decoding, per-pod ZMQ subscribers with replay, their manager."""
 
+from indexer import EngineHash
 from subscriber.client import PodSubscriber
 from subscriber.events import (
     DECODE_REASONS,
@@ -10,7 +11,6 @@ from subscriber.events import (
     DecodeError,
     DecodeLimits,
     DecodeReason,
-    EngineHash,
     KVEvent,
     KVEventBatch,
     decode_batch,

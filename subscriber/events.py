@@ -55,9 +55,7 @@ from typing import Any, Final, Literal, TypeAlias, get_args
 
 import msgpack
 
-EngineHash: TypeAlias = int | bytes
-"""An engine's own block hash, opaque: a 64-bit int (uint64 from vLLM, signed int64 from
-SGLang, kept as published) or raw bytes (vLLM configured for full digests)."""
+from indexer import EngineHash
 
 DecodeReason: TypeAlias = Literal[
     "too_large",

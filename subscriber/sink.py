@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from indexer import SyncPrefixHashTable
-from subscriber.events import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, KVEventBatch
+from indexer import EngineHash, SyncPrefixHashTable
+from subscriber.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 
 class BatchSink(Protocol):

@@ -1,16 +1,25 @@
 """Where pods come from: a static file, or the Kubernetes API."""
 
-from gateway.discovery.base import Discovery, PodListener, run_resynced, sync_pods
+from gateway.discovery.base import (
+    Discovery,
+    DiscoveryEvents,
+    PodListener,
+    run_resynced,
+    sync_pods,
+)
 from gateway.discovery.kubernetes import KubernetesDiscovery
 from gateway.discovery.pods import Pod, parse_pods
+from gateway.discovery.sources import build_discovery
 from gateway.discovery.static import StaticFileDiscovery, load_pods_file
 
 __all__ = [
     "Discovery",
+    "DiscoveryEvents",
     "KubernetesDiscovery",
     "Pod",
     "PodListener",
     "StaticFileDiscovery",
+    "build_discovery",
     "load_pods_file",
     "parse_pods",
     "run_resynced",

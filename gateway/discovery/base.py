@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.discovery.pods import Pod
@@ -23,15 +24,41 @@ class PodListener(Protocol):
         """A pod is gone (deleted, or no longer selected)."""
 
 
+def _ignore_error(error: Exception) -> None:
+    pass
+
+
+def _ignore() -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryEvents:
+    """What a source reports besides pods, for the gateway's counters: each failure it
+    recovers from (`kvgate_discovery_errors_total`) and each full relist
+    (`kvgate_discovery_relists_total`)."""
+
+    error: Callable[[Exception], None] = _ignore_error
+    relist: Callable[[], None] = _ignore
+
+
 class Discovery(Protocol):
-    """A source of pods (a static file, the Kubernetes API...).
+    """A source of pods (a static file, the Kubernetes API...), built from the settings by
+    `gateway.discovery.sources.build_discovery`.
 
     `run` reports the initial set, sets `ready`, then keeps reporting changes until it is
-    cancelled. It must not raise for a transient failure (retry, keep the last good view);
-    it raises only if the first load is impossible (bad configuration).
+    cancelled. It must not raise for a transient failure (retry, keep the last good view,
+    tell `events.error`); it raises only if the first load is impossible (bad
+    configuration).
     """
 
+    events: DiscoveryEvents
+
     async def run(self, listener: PodListener, ready: asyncio.Event) -> None: ...
+
+    def request_reload(self) -> None:
+        """Look again now (SIGHUP): a source that follows its changes as they happen may
+        ignore it."""
 
 
 async def sync_pods(listener: PodListener, current: dict[str, Pod], wanted: list[Pod]) -> None:

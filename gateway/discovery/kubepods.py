@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.discovery.pods import ENGINES, Pod
-from indexer import ConfigError
+from gateway.errors import ConfigError
 
 MODEL = "model.aibrix.ai/name"
 KV_EVENTS = "model.aibrix.ai/kv-events-enabled"

@@ -13,11 +13,11 @@ import json
 import logging
 import os
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.discovery.base import PodListener, sync_pods
+from gateway.discovery.base import DiscoveryEvents, PodListener, sync_pods
 from gateway.discovery.kubepods import pod_from_object, pod_key
 from gateway.discovery.kubewatch import (
     Changed,
@@ -28,7 +28,7 @@ from gateway.discovery.kubewatch import (
     WatchTiming,
 )
 from gateway.discovery.pods import Pod
-from indexer import ConfigError
+from gateway.errors import ConfigError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -94,8 +94,7 @@ class KubernetesDiscovery:
         label_selector: str = DEFAULT_LABEL_SELECTOR,
         timing: WatchTiming | None = None,
         rng: random.Random | None = None,
-        on_error: Callable[[Exception], None] | None = None,
-        on_relist: Callable[[], None] | None = None,
+        events: DiscoveryEvents | None = None,
         close_client: bool = False,
     ) -> None:
         if not namespaces:
@@ -105,8 +104,7 @@ class KubernetesDiscovery:
         self.label_selector = label_selector
         self._timing = timing or WatchTiming()
         self._rng = rng or random.Random()
-        self.on_error = on_error
-        self.on_relist = on_relist
+        self.events = events or DiscoveryEvents()
         self.errors = 0
         self.relists = 0
         self._qualified = len(self.namespaces) > 1
@@ -124,6 +122,9 @@ class KubernetesDiscovery:
             close_client=True,
             **kwargs,
         )
+
+    def request_reload(self) -> None:
+        """Nothing to do: the watch already reports every change as it happens."""
 
     async def run(self, listener: PodListener, ready: asyncio.Event) -> None:
         from kubernetes.client import CoreV1Api
@@ -178,8 +179,7 @@ class KubernetesDiscovery:
         if isinstance(message, Listed):
             if message.relist:
                 self.relists += 1
-                if self.on_relist is not None:
-                    self.on_relist()
+                self.events.relist()
             pods = [self._pod(obj) for obj in message.items]
             await sync_pods(listener, view, [pod for pod in pods if pod is not None])
             return
@@ -213,8 +213,7 @@ class KubernetesDiscovery:
 
     def _count_error(self, error: Exception) -> None:
         self.errors += 1
-        if self.on_error is not None:
-            self.on_error(error)
+        self.events.error(error)
 
 
 def describe(error: Exception) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from indexer import ConfigError
+from gateway.errors import ConfigError
 
 ENGINES = ("vllm", "sglang")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")

@@ -8,13 +8,12 @@ import contextlib
 import json
 import logging
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.discovery.base import PodListener, sync_pods
+from gateway.discovery.base import DiscoveryEvents, PodListener, sync_pods
 from gateway.discovery.pods import Pod, parse_pods
-from indexer import ConfigError
+from gateway.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +44,11 @@ class StaticFileDiscovery:
         path: Path,
         *,
         poll_interval_s: float = 1.0,
-        on_reload_error: Callable[[ConfigError], None] | None = None,
+        events: DiscoveryEvents | None = None,
     ) -> None:
         self.path = path
         self._poll_interval_s = poll_interval_s
-        self.on_reload_error = on_reload_error
+        self.events = events or DiscoveryEvents()
         self._reload_now = asyncio.Event()
         self.reloads = 0
 
@@ -75,8 +74,7 @@ class StaticFileDiscovery:
                 pods = load_pods_file(self.path)
             except ConfigError as exc:
                 logger.error("pods file not reloaded, keeping the last good list: %s", exc)
-                if self.on_reload_error is not None:
-                    self.on_reload_error(exc)
+                self.events.error(exc)
                 continue
             self.reloads += 1
             await sync_pods(listener, current, pods)

@@ -7,6 +7,7 @@ import functools
 import httpx
 from prometheus_client import CollectorRegistry
 
+from gateway.errors import ConfigError
 from gateway.persistence.files import SnapshotDir
 from gateway.persistence.metrics import SnapshotMetrics
 from gateway.persistence.peer import bootstrap_from_peer
@@ -14,19 +15,19 @@ from gateway.persistence.snapshots import SnapshotRestorer, capture_pod
 from gateway.persistence.writer import SnapshotWriter
 from gateway.registry import PodRegistry
 from gateway.settings import Settings
-from indexer import ConfigError, SyncPrefixHashTable
+from indexer import SyncPrefixHashTable
 from subscriber import SubscriberManager
 
 
 async def restore_snapshots(
     settings: Settings,
     table: SyncPrefixHashTable,
-    registry: CollectorRegistry,
+    metrics_registry: CollectorRegistry,
     client: httpx.AsyncClient,
 ) -> SnapshotRestorer:
     """Load the snapshot files, then the peer's (which win: they are the fresher view);
     they are restored when discovery starts each pod's subscriber."""
-    restorer = SnapshotRestorer(table, SnapshotMetrics(registry))
+    restorer = SnapshotRestorer(table, SnapshotMetrics(metrics_registry))
     if settings.snapshot_dir is not None:
         directory = SnapshotDir(settings.snapshot_dir)
         try:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest, GatewayError, PinFailed, PinRefused
 from gateway.metrics import GatewayMetrics
 from gateway.pinning.client import NoPinSupport, PinCallError, PinClient
 from gateway.pinning.leases import Lease, LeaseBook, Source, packed_tokens
@@ -34,31 +34,18 @@ from indexer import EngineHash, ModelContext, SyncPrefixHashTable, Tier, Unknown
 logger = logging.getLogger(__name__)
 
 
-class PinRefused(GatewayError):
-    """A pin the gateway will not make (budget, no pin support): 409 with a reason code."""
-
-    status = 409
-    error_type = "pin_refused"
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.code = reason
-
-
-class PinFailed(GatewayError):
-    status = 502
-    error_type = "upstream_error"
-
-
 @dataclass(frozen=True, slots=True)
 class PinConfig:
-    budget_fraction: float = 0.5
+    """The pin settings (`KVGATE_PIN_*`, declared with their defaults in
+    gateway/settings.py)."""
+
+    budget_fraction: float
     """Pinned blocks per pod may not exceed this share of its GPU KV cache blocks."""
-    default_ttl_s: float = 600.0
-    max_ttl_s: float = 3600.0
-    max_leases: int = 1024
-    max_leases_per_pod: int = 128
-    interval_s: float = 1.0
+    default_ttl_s: float
+    max_ttl_s: float
+    max_leases: int
+    max_leases_per_pod: int
+    interval_s: float
     """Reconciliation and lease expiry period."""
     settle_timeout_s: float = 10.0
     """How long a request-level pin waits for the prompt's blocks to be stored."""

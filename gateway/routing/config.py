@@ -22,9 +22,9 @@ from typing import Any, TypeVar
 
 import yaml
 
+from gateway.errors import ConfigError
 from gateway.routing.plugins import FILTERS, PICKERS, PREFERENCES, SCORERS, Params, PluginContext
 from gateway.routing.profile import PluginTimer, RoutingProfile, Weighted
-from indexer import ConfigError
 
 T = TypeVar("T")
 BUILTIN = Path(__file__).with_name("policies.toml")

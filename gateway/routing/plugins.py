@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.errors import ConfigError
 from gateway.routing.affinity import PinAffinityPreference, PinLookup
 from gateway.routing.cost import CostModel
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
@@ -27,7 +28,7 @@ from gateway.routing.pickers import (
 from gateway.routing.predicted import MinPredictedTtftPicker, PredictedTtftScorer
 from gateway.routing.profile import Preference
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
-from indexer import ConfigError, Tier
+from indexer import Tier
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ class RoutingRequest:
     session: str | None = None
     prompt_tokens: int = 0
     """Prompt length in tokens: exact when tokenized, else estimated from the body's size."""
+    prompt_tokenized: bool = False
+    """Whether `prompt_tokens` is exact."""
     prefix_hashes: Sequence[int] = ()
     slo_ttft_s: float | None = None
     """The client's time-to-first-token objective (`x-slo-ttft-ms`), if any."""

@@ -21,7 +21,10 @@ KUSTOMIZATIONS = ("namespace", "base", "examples", "observability")
 # newest kubernetes-validate bundles (its schemas ship in the wheel: no network needed).
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 # Custom resources: not in the Kubernetes OpenAPI schemas, checked structurally instead.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 
 def venv_tool(name: str) -> str | None:

@@ -63,7 +63,7 @@ def test_every_kustomization_renders(rendered: dict[str, list[dict[str, Any]]]) 
     )  # fmt: skip
     assert kinds["namespace"] == ["Namespace"]  # apart: deleting the gateway keeps it
     assert kinds["examples"] == ["Deployment", "Deployment"]
-    assert kinds["observability"] == ["ConfigMap", "ServiceMonitor"]
+    assert kinds["observability"] == ["ConfigMap", "PrometheusRule", "ServiceMonitor"]
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -74,12 +74,12 @@ def test_every_object_validates_against_the_kubernetes_schemas(
     for name, objects in rendered.items():
         for obj in objects:
             if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
-                continue  # no OpenAPI schema: see test_service_monitor_selects_the_service
+                continue  # no OpenAPI schema: checked by structure below
             # strict: an unknown (misspelt) field fails too
             kubernetes_validate.validate(obj, version, strict=True)
             checked += 1
         assert objects, name
-    assert checked == sum(len(objects) for objects in rendered.values()) - 1
+    assert checked == sum(len(objects) for objects in rendered.values()) - len(CRD_KINDS)
 
 
 def test_the_validator_rejects_a_broken_object(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -274,6 +274,17 @@ def test_service_monitor_selects_the_service(rendered: dict[str, list[dict[str, 
     assert endpoint["path"] == "/metrics"
     # kvgate's own `pod` label (the engine) must survive: the target's is dropped.
     assert {"action": "labeldrop", "regex": "pod"} in endpoint["relabelings"]
+
+
+def test_prometheus_rule_is_in_the_gateways_namespace(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """PrometheusRule is a CRD too: its groups are checked by promtool (test_alerts.py),
+    its placement here."""
+    rule = find(rendered["observability"], "PrometheusRule", "kvgate")
+    service = find(rendered["base"], "Service", "kvgate")
+    assert rule["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert rule["spec"]["groups"][0]["rules"]
 
 
 def test_scrape_config_keeps_the_gateway_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:

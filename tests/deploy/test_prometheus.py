@@ -1,6 +1,7 @@
 """A real Prometheus (Debian's `prometheus` package, which scripts/test.sh installs with
 promtool) scrapes a live gateway in front of simulated engines through mixed traffic and
-an engine failure; every dashboard query is then evaluated through Prometheus's HTTP API.
+an engine failure; every dashboard query is then evaluated through Prometheus's HTTP API,
+and every alerting rule (deploy/observability/kvgate-rules.yml) must have run cleanly.
 Each must be valid PromQL that Prometheus runs, and each panel must show data, or be in
 `EMPTY_HERE` with the reason this traffic cannot give it any."""
 
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.deploy.test_alerts import RULES, rules
 from tests.deploy.test_metrics import DASHBOARD
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
 from tests.helpers import eventually, free_port
@@ -39,6 +41,7 @@ async def prometheus(tmp_path: Path, target: str) -> AsyncIterator[httpx.AsyncCl
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"rule_files: ['{RULES}']\n"
         "scrape_configs:\n"
         "  - job_name: kvgate\n"
         f"    static_configs: [{{targets: ['{target}'], labels: {{namespace: kvgate}}}}]\n"
@@ -133,5 +136,10 @@ async def test_every_dashboard_query_runs_on_a_real_prometheus(
             results = [await query(prom, expr) for expr in exprs]  # each one valid and run
             if not any(results):
                 empty.append(title)
+        evaluated = (await prom.get("/api/v1/rules")).json()["data"]["groups"]
+    loaded = [rule for group in evaluated for rule in group["rules"]]
+    assert sorted(rule["name"] for rule in loaded) == sorted(rule["alert"] for rule in rules())
+    failing = [(rule["name"], rule.get("lastError")) for rule in loaded if rule["health"] != "ok"]
+    assert failing == []  # every alert ran on this gateway's series without an error
     unexplained = [title for title in empty if not EMPTY_HERE.get(title)]
     assert unexplained == [], f"panels without data and without a reason: {unexplained}"

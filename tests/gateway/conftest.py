@@ -87,7 +87,7 @@ async def start_gateway(start_engine: StartEngine, tmp_path: Path) -> AsyncItera
             Settings(pods_file=pods_file, admin_token=ADMIN_TOKEN, scrape_interval_s=0.2),
             **settings_overrides,
         )
-        app = create_app(settings, registry=CollectorRegistry())
+        app = create_app(settings, metrics_registry=CollectorRegistry())
         server = GatewayServer(app)
         await server.start()
         gateways.append(server)

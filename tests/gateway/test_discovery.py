@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.discovery import (
+    DiscoveryEvents,
     Pod,
     PodListener,
     StaticFileDiscovery,
@@ -21,7 +22,7 @@ from gateway.discovery import (
     parse_pods,
     sync_pods,
 )
-from indexer import ConfigError
+from gateway.errors import ConfigError
 from tests.gateway.discovery_listener import RecordingListener
 from tests.helpers import eventually
 
@@ -367,7 +368,7 @@ async def test_an_invalid_file_keeps_the_last_good_list(
     path = tmp_path / "pods.json"
     write_json(path, [entry("a")])
     errors: list[ConfigError] = []
-    run = run_discovery(path, on_reload_error=errors.append)
+    run = run_discovery(path, events=DiscoveryEvents(error=errors.append))
     await asyncio.wait_for(run.ready.wait(), 10)
     run.listener.calls.clear()
 
@@ -392,7 +393,7 @@ async def test_a_deleted_file_keeps_the_last_good_list(
     path = tmp_path / "pods.json"
     write_json(path, [entry("a")])
     errors: list[ConfigError] = []
-    run = run_discovery(path, on_reload_error=errors.append)
+    run = run_discovery(path, events=DiscoveryEvents(error=errors.append))
     await asyncio.wait_for(run.ready.wait(), 10)
     path.unlink()
     await eventually(lambda: len(errors) >= 1, what="reload error reported")
@@ -447,3 +448,10 @@ def test_ready_false_drains_a_pod() -> None:
     assert pod.ready is False
     with pytest.raises(ConfigError, match="ready"):
         parse_pods([{"name": "a", "url": "http://h:1", "model": "m", "ready": "no"}], source="f")
+
+
+def test_every_discovery_the_settings_allow_has_a_source() -> None:
+    from gateway.discovery.sources import SOURCES
+    from gateway.settings import DISCOVERIES
+
+    assert set(SOURCES) == set(DISCOVERIES)

@@ -360,7 +360,7 @@ async def test_pods_file_changes_apply_without_restart(
     assert gw.state.subscribers.status("e0") is None
     gw.pods_file.write_text("{ broken")  # an invalid file keeps the last good list
     await eventually(
-        lambda: gw.state.metrics.registry.get_sample_value("kvgate_discovery_errors_total") == 1,
+        lambda: gw.state.metrics.prometheus.get_sample_value("kvgate_discovery_errors_total") == 1,
         what="reload error counted",
     )
     assert {s.name for s in gw.state.registry.all()} == {"e1", "e2"}
@@ -541,7 +541,7 @@ async def test_serve_warns_of_unread_variables_and_fails_at_once_on_a_taken_port
             sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods),
             "--port", str(port), "--log-level", "info",
             env={"PATH": "/usr/bin:/bin", "KVGATE_PROT": "8080",
-                 "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "true"},
+                 "AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR": "2"},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
@@ -549,7 +549,7 @@ async def test_serve_warns_of_unread_variables_and_fails_at_once_on_a_taken_port
     assert process.returncode == 1, output
     assert f"cannot listen on 127.0.0.1:{port}" in output
     assert "gateway ready" not in output  # the lifespan never ran: nothing subscribed
-    for typo in ("KVGATE_PROT", "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED"):  # unread: said
+    for typo in ("KVGATE_PROT", "AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR"):  # unread: said
         assert f"{typo} is set but kvgate reads no such setting" in output
 
 

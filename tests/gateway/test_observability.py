@@ -343,3 +343,39 @@ async def test_metrics_and_admin_on_their_own_port(
         assert (await admin.post("/v1/chat/completions", json=CHAT)).status_code == 404
         for client in (api, admin):
             assert (await client.get("/ready")).status_code == 200
+
+
+async def test_token_counters_take_the_engines_usage_or_count_the_stream(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=1)
+    completion = {"model": MODEL, "prompt": "one two three four", "max_tokens": 5}
+    async with gw.client() as client:
+        whole = await client.post("/v1/completions", json=completion)
+        told = await client.post(
+            "/v1/completions",
+            json={**completion, "stream": True, "stream_options": {"include_usage": True}},
+        )
+        untold = await client.post("/v1/completions", json={**completion, "stream": True})
+        refused = await client.post("/v1/completions", json={**completion, "max_tokens": -1})
+    assert [whole.status_code, told.status_code, untold.status_code] == [200, 200, 200]
+    assert refused.status_code == 400  # the engine refused it: no tokens counted
+    usage = whole.json()["usage"]
+    streamed_usage = json.loads(told.text.split("data: ")[-2])["usage"]
+    assert streamed_usage == usage  # the same prompt and answer length
+    events = untold.text.count("data: {")
+    assert events == 5  # one token per event
+
+    registry = gw.state.metrics.prometheus
+
+    def tokens(kind: str, source: str) -> float | None:
+        value: float | None = registry.get_sample_value(
+            f"kvgate_{kind}_tokens_total", {"model": MODEL, "source": source}
+        )
+        return value
+
+    await eventually(lambda: tokens("completion", "gateway") == events)
+    assert tokens("prompt", "engine") == 2 * usage["prompt_tokens"]
+    assert tokens("completion", "engine") == 2 * usage["completion_tokens"]
+    # The gateway tokenized the prompt itself, so it knows the third one's length too.
+    assert tokens("prompt", "gateway") == usage["prompt_tokens"]

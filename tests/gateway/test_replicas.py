@@ -11,9 +11,10 @@ from typing import Any
 import msgpack
 import pytest
 
+from gateway.errors import ConfigError
 from gateway.replicas import ReplicaSync
 from gateway.routing import CostModel
-from indexer import ConfigError, IndexConfig, SyncPrefixHashTable
+from indexer import IndexConfig, SyncPrefixHashTable
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
 from tests.helpers import eventually

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.settings import DEFAULT_TIER_WEIGHTS, Settings
-from indexer import ConfigError, IndexConfig, Tier
+from gateway.errors import ConfigError
+from gateway.settings import DEFAULT_TIER_WEIGHTS, Settings, setting_names, unread_variables
+from indexer import IndexConfig, IndexLimits, Tier
 
 
 def test_defaults_from_an_empty_environment() -> None:
@@ -284,3 +285,88 @@ def test_log_settings() -> None:
         Settings.load({"KVGATE_LOG_FORMAT": "xml"})
     assert caught.value.variable == "KVGATE_LOG_FORMAT"
     assert "json" in caught.value.allowed
+
+
+def test_index_settings_are_read_under_the_seed_design_names() -> None:
+    settings = Settings.load(
+        {
+            "AIBRIX_PREFIX_CACHE_BLOCK_SIZE": "32",
+            "AIBRIX_SYNC_MAX_CONTEXTS": "10",
+            "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT": "5000",
+            "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS": "15",
+            "AIBRIX_SYNC_EVICTION_DURATION_MINUTES": "2.5",
+            "KVGATE_HASH_SEED": "0xff",
+            "KVGATE_INDEX_EXPECTED_TTL_SECONDS": "3",
+            "UNRELATED": "x",
+        }
+    )
+    assert settings.index.block_size == 32
+    assert settings.index.hash_seed == 255
+    assert settings.index.limits == IndexLimits(
+        max_contexts=10,
+        max_prefixes_per_context=5000,
+        eviction_interval_s=15.0,
+        eviction_duration_s=150.0,
+        expected_ttl_s=3.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("AIBRIX_PREFIX_CACHE_BLOCK_SIZE", "0"),
+        ("AIBRIX_PREFIX_CACHE_BLOCK_SIZE", "sixteen"),
+        ("AIBRIX_PREFIX_CACHE_BLOCK_SIZE", "²"),
+        ("AIBRIX_SYNC_MAX_CONTEXTS", "-1"),
+        ("AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT", "1.5"),
+        ("AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS", "soon"),
+        ("AIBRIX_SYNC_EVICTION_DURATION_MINUTES", "0"),
+        ("KVGATE_INDEX_EXPECTED_TTL_SECONDS", "inf"),
+        ("KVGATE_HASH_SEED", "-3"),
+        ("KVGATE_HASH_SEED", str(2**64)),
+        ("KVGATE_GC_GEN0_THRESHOLD", "lots"),
+        ("KVGATE_MAX_BODY_BYTES", "1_000"),
+    ],
+)
+def test_invalid_values_name_the_variable_and_the_value(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Settings.load({variable: value})
+    assert caught.value.variable == variable
+    assert variable in str(caught.value)
+    assert repr(value) in str(caught.value)
+    assert "expected" in str(caught.value)
+
+
+def test_aibrix_aliases_are_read_and_the_kvgate_name_wins() -> None:
+    settings = Settings.load(
+        {
+            "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "false",
+            "AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER": "true",
+            "AIBRIX_PREFIX_CACHE_REMOTE_TOKENIZER_ENDPOINT": "http://tok:8000",
+            "AIBRIX_TOKENIZER_REQUEST_TIMEOUT": "5s",
+            "AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT": "8",
+            "ROUTING_ALGORITHM": "prefix-cache-and-load",
+        }
+    )
+    assert settings.kv_event_sync is False
+    assert settings.tokenizer_endpoint == "http://tok:8000"
+    assert settings.tokenizer_timeout_s == 5.0
+    assert settings.hot_spot_margin == 8
+    assert settings.default_policy == "prefix-share"
+    both = Settings.load(
+        {"KVGATE_HOT_SPOT_MARGIN": "4", "AIBRIX_LOAD_BALANCE_IMBALANCE_MIN_GAP": "9"}
+    )
+    assert both.hot_spot_margin == 4
+    with pytest.raises(ConfigError) as caught:
+        Settings.load({"ROUTING_ALGORITHM": "throughput"})
+    assert caught.value.variable == "ROUTING_ALGORITHM"
+    assert "prefix-cache-and-load" in caught.value.allowed
+
+
+def test_every_name_read_is_known_and_nothing_else_is() -> None:
+    names = setting_names()
+    assert len(names) == len(set(names))
+    assert {"KVGATE_PORT", "AIBRIX_SYNC_MAX_CONTEXTS", "ROUTING_ALGORITHM"} <= set(names)
+    env = {"KVGATE_PROT": "1", "AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR": "2",
+           "AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED": "true", "HOME": "/root"}  # fmt: skip
+    assert unread_variables(env) == ["AIBRIX_PREFIX_CACHE_STANDARD_DEVIATION_FACTOR", "KVGATE_PROT"]

@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.errors import ConfigError
 from gateway.persistence import file_name
 from gateway.settings import Settings
-from indexer import ConfigError, decode_snapshot
+from indexer import decode_snapshot
 from simulator import EngineServer
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
@@ -62,7 +63,7 @@ async def wait_equal(gw: Gateway, engines: list[EngineServer], *, state: str = "
 
 
 def sample(gw: Gateway, name: str, **labels: str) -> float:
-    value = gw.state.metrics.registry.get_sample_value(name, labels)
+    value = gw.state.metrics.prometheus.get_sample_value(name, labels)
     return 0.0 if value is None else value
 
 

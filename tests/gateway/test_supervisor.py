@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.app import create_app
-from gateway.discovery import PodListener, StaticFileDiscovery
+from gateway.discovery import DiscoveryEvents, PodListener, StaticFileDiscovery
 from gateway.server import GatewayServer
 from gateway.settings import Settings
 from gateway.supervisor import Supervisor
@@ -89,6 +89,17 @@ class BreakableDiscovery:
         self._inner = StaticFileDiscovery(path, poll_interval_s=0.1)
         self.broken = asyncio.Event()
 
+    @property
+    def events(self) -> DiscoveryEvents:
+        return self._inner.events
+
+    @events.setter
+    def events(self, events: DiscoveryEvents) -> None:
+        self._inner.events = events
+
+    def request_reload(self) -> None:
+        self._inner.request_reload()
+
     async def run(self, listener: PodListener, ready: asyncio.Event) -> None:
         if self.broken.is_set():
             raise RuntimeError("discovery failed")
@@ -110,7 +121,7 @@ async def test_a_pod_that_left_while_discovery_was_down_is_removed_on_its_restar
     app = create_app(
         Settings(pods_file=pods_file, scrape_interval_s=0.2, kv_event_sync=False),
         discovery=discovery,
-        registry=CollectorRegistry(),
+        metrics_registry=CollectorRegistry(),
     )
     server = GatewayServer(app)
     await server.start()

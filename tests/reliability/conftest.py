@@ -44,7 +44,7 @@ async def serve_gateway(start_engine: StartEngine, tmp_path: Path) -> AsyncItera
             Settings(pods_file=pods_file, admin_token=ADMIN_TOKEN, scrape_interval_s=0.2),
             **settings_overrides,
         )
-        app = create_app(settings, registry=CollectorRegistry())
+        app = create_app(settings, metrics_registry=CollectorRegistry())
         gateway_server = GatewayServer(app, **(server or {}))
         await gateway_server.start()
         servers.append(gateway_server)

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from gateway.discovery import load_pods_file
 from gateway.discovery.pods import parse_pods
+from gateway.errors import ConfigError
 from gateway.settings import Settings
-from indexer import ConfigError
 
 # Every variable the settings read, found in their source so a variable added later is
 # fuzzed too (Settings.load reads each with its own parser).

@@ -49,6 +49,6 @@ async def test_a_pod_back_within_the_grace_loses_nothing(start_gateway: StartGat
         assert b"[DONE]" in b"".join(chunks)
     await asyncio.sleep(0)
     assert (
-        gw.state.metrics.registry.get_sample_value("kvgate_dead_pod_cuts_total", {"pod": "e0"})
+        gw.state.metrics.prometheus.get_sample_value("kvgate_dead_pod_cuts_total", {"pod": "e0"})
         is None
     )

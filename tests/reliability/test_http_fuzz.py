@@ -123,7 +123,7 @@ def assert_openai_error(response: httpx.Response) -> None:
 def upstream_counters(gw: Gateway) -> dict[str, float]:
     """What reached the engines: requests they scheduled, tokenizer calls the gateway made,
     requests it proxied."""
-    registry = gw.state.metrics.registry
+    registry = gw.state.metrics.prometheus
     counters = {
         "scheduled": sum(
             s.engine.scheduler.stats.finished

@@ -230,7 +230,7 @@ async def test_a_client_leaving_mid_body_is_counted_not_an_error(
         gw.server.port, "/v1/chat/completions", chat_body(), sent=10
     )
     writer.close()
-    registry = gw.state.metrics.registry
+    registry = gw.state.metrics.prometheus
 
     def counted() -> bool:
         value = registry.get_sample_value(

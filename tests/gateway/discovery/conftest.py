@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway.discovery import DiscoveryEvents
 from gateway.discovery.kubernetes import KubernetesDiscovery, load_api_client
 from gateway.discovery.kubewatch import WatchTiming
 from tests.gateway.discovery.kubeapi import TOKEN, FakeKubeAPI
@@ -86,7 +87,7 @@ async def start_discovery(kube_api: FakeKubeAPI, tmp_path: Path) -> AsyncIterato
             namespaces=namespaces,
             timing=kwargs.pop("timing", FAST),
             rng=random.Random(7),
-            on_error=errors.append,
+            events=DiscoveryEvents(error=errors.append),
             close_client=True,
             **kwargs,
         )

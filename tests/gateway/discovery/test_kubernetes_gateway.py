@@ -66,7 +66,7 @@ async def gateway(
             "KVGATE_SCRAPE_INTERVAL": "0.2",
         }
     )
-    server = GatewayServer(create_app(settings, registry=CollectorRegistry()))
+    server = GatewayServer(create_app(settings, metrics_registry=CollectorRegistry()))
     await server.start()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         yield client

@@ -22,8 +22,8 @@ from gateway.discovery.kubepods import (
     pod_key,
 )
 from gateway.discovery.kubernetes import resolve_namespaces
+from gateway.errors import ConfigError
 from gateway.settings import Settings
-from indexer import ConfigError
 from tests.gateway.discovery.kubeapi import pod_object
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.discovery.kubepods import HTTP_PORT, KV_EVENTS
 from gateway.discovery.kubepods import MODEL as MODEL_LABEL
-from indexer import ConfigError
+from gateway.errors import ConfigError
 from tests.gateway.discovery.conftest import (
     MODEL,
     NAMESPACE,

@@ -1,0 +1,95 @@
+"""`kvgate settings`: every setting `kvgate serve` reads, with its default and meaning,
+generated from the declarations in `gateway/settings.py`.
+
+`--markdown` prints the README's tables; `--update-readme README.md` rewrites them in
+place (a test fails when the README and the declarations disagree); without either, a
+plain listing with the value the current environment gives each setting."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from gateway.errors import ConfigError
+from gateway.settings import Declaration, setting_groups
+
+_BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n)(.*?)(<!-- /settings:\2 -->)", re.DOTALL)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the README's tables (Markdown)"
+    )
+    parser.add_argument(
+        "--update-readme", type=Path, metavar="README",
+        help="rewrite the generated tables between <!-- settings:GROUP --> markers",
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.update_readme is not None:
+        path: Path = args.update_readme
+        path.write_text(updated_readme(path.read_text(encoding="utf-8")), encoding="utf-8")
+        return 0
+    if args.markdown:
+        for group in setting_groups():
+            print(markdown_table(group))
+        return 0
+    try:
+        print(listing(dict(os.environ)))
+    except ConfigError as exc:
+        print(f"kvgate settings: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def markdown_table(group: str) -> str:
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for declaration, default in setting_groups()[group]:
+        rows.append(
+            f"| `{declaration.variable}` | {declaration.default_text(default)} "
+            f"| {_meaning(declaration)} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def updated_readme(text: str) -> str:
+    """`text` with every generated block replaced by the declarations' current table."""
+
+    def table(match: re.Match[str]) -> str:
+        return match.group(1) + markdown_table(match.group(2)) + match.group(4)
+
+    return _BLOCK.sub(table, text)
+
+
+def readme_groups(text: str) -> dict[str, str]:
+    """The generated blocks the README holds, by group."""
+    return {match.group(2): match.group(3) for match in _BLOCK.finditer(text)}
+
+
+def listing(env: dict[str, str]) -> str:
+    """Each setting, its default and the value `env` gives it (validated as at start-up)."""
+    from gateway.settings import Settings
+
+    Settings.load(env)  # an invalid value is reported as `kvgate serve` would
+    lines = []
+    for group, entries in setting_groups().items():
+        lines.append(f"{group}:")
+        for declaration, default in entries:
+            given = [name for name, _, _ in declaration.names() if env.get(name, "").strip()]
+            source = f"  (set: {given[0]})" if given else ""
+            lines.append(
+                f"  {declaration.variable:<44} {declaration.default_text(default):<22}"
+                f"{declaration.meaning.split(';')[0]}{source}"
+            )
+    return "\n".join(lines)
+
+
+def _meaning(declaration: Declaration) -> str:
+    aliases = [alias.variable for alias in declaration.aliases]
+    also = f" (AIBrix: {', '.join(f'`{name}`' for name in aliases)})" if aliases else ""
+    allowed = "a duration" if "Go-style" in declaration.allowed else declaration.allowed
+    return f"{declaration.meaning}{also}; {allowed}".replace("|", "\\|")

@@ -1,0 +1,51 @@
+"""The README's configuration tables are the settings' declarations, rendered: a setting
+added, renamed or given a new default without the README following fails here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from gateway.settings import setting_groups
+from gateway.settings_cli import markdown_table, readme_groups, updated_readme
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readme_tables_are_generated_from_the_declarations() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert set(readme_groups(text)) == set(setting_groups())
+    for group, table in readme_groups(text).items():
+        assert table == markdown_table(group), (
+            f"README's {group} settings table is stale: run "
+            "`.venv/bin/kvgate settings --update-readme README.md`"
+        )
+    assert updated_readme(text) == text
+
+
+def test_every_setting_is_in_a_table_once() -> None:
+    text = README.read_text(encoding="utf-8")
+    tables = "".join(readme_groups(text).values())
+    for entries in setting_groups().values():
+        for declaration, _ in entries:
+            assert tables.count(f"| `{declaration.variable}` |") == 1, declaration.variable
+
+
+def test_kvgate_settings_shows_what_the_environment_sets() -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "settings"],
+        env={"KVGATE_PORT": "9123", "AIBRIX_TOKENIZER_REQUEST_TIMEOUT": "5s", "PATH": ""},
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    lines = {line.split()[0]: line for line in shown.stdout.splitlines() if line.strip()}
+    assert "(set: KVGATE_PORT)" in lines["KVGATE_PORT"]
+    assert "(set: AIBRIX_TOKENIZER_REQUEST_TIMEOUT)" in lines["AIBRIX_REMOTE_TOKENIZER_TIMEOUT"]
+    assert "(set:" not in lines["KVGATE_HOST"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "settings"],
+        env={"KVGATE_PORT": "http", "PATH": ""},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert "KVGATE_PORT='http'" in refused.stderr
