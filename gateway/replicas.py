@@ -7,7 +7,9 @@ cost model. With N independent replicas each sees 1/N of it (the rest arrives la
 engine events and the once-a-second scrape). So every replica publishes, on its own ZMQ
 PUB socket (`KVGATE_REPLICA_SYNC_BIND`), one small message per decision (pod, context,
 prefix hashes, uncached tokens), per first byte and per end of exchange, plus a heartbeat;
-and subscribes to every peer (`KVGATE_REPLICA_PEERS`). A peer's decision adds its expected
+and subscribes to every peer (`KVGATE_REPLICA_PEERS`). The messages of one event-loop
+turn leave as one frame (`[wire, version, replica, [message, ...]]`): one encode and one
+send per burst instead of one per message. A peer's decision adds its expected
 entries to the local index and its prefill to the pod's queue in the cost model (as a
 remote ticket: load only, nothing learned), until that peer reports its first byte and end.
 
@@ -31,7 +33,7 @@ import secrets
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +50,11 @@ from indexer import ModelContext, SyncPrefixHashTable, UnknownPodError
 logger = logging.getLogger(__name__)
 
 WIRE = "kvgate-sync"
-VERSION = 1
+VERSION = 2
+"""2: a frame carries a list of messages (1 carried one). Replicas of another version are
+ignored (counted as malformed): during a rolling upgrade they route as independent ones."""
 MAX_MESSAGE_BYTES = 256 * 1024
+MAX_MESSAGES_PER_FRAME = 1024
 MAX_HASHES = 16_384
 MAX_TICKETS_PER_PEER = 20_000
 
@@ -106,6 +111,9 @@ class ReplicaSync:
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.peers: dict[str, PeerView] = {}
         self.sent: Counter[str] = Counter()
+        self.cpu_s = 0.0
+        """This thread's CPU spent encoding, sending, receiving and applying messages."""
+        self._outbox: list[list[Any]] = []
         self.dropped = 0
         """Messages not sent (the PUB's high-water mark: a slow peer)."""
         self.rejected: Counter[str] = Counter()
@@ -161,15 +169,24 @@ class ReplicaSync:
                 self._drain(sub)
 
     def _drain(self, sub: zmq.asyncio.Socket, limit: int = 1000) -> None:
-        """Apply every message already queued, without a trip through the event loop each
+        """Apply every frame already queued, without a trip through the event loop each
         (the sync shadow of the same socket: a NOBLOCK receive fails at once when empty)."""
         shadow: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
-        for _ in range(limit):
-            try:
-                frame = shadow.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            self.receive(frame)
+        with self._timed():
+            for _ in range(limit):
+                try:
+                    frame = shadow.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self.receive(frame)
+
+    @contextlib.contextmanager
+    def _timed(self) -> Generator[None, None, None]:
+        started = time.thread_time()
+        try:
+            yield
+        finally:
+            self.cpu_s += time.thread_time() - started
 
     async def _follow_peer_service(self, sub: zmq.asyncio.Socket) -> None:
         """Connect to every address the peer service resolves to, and only those (our own
@@ -197,6 +214,7 @@ class ReplicaSync:
         self._resolved = wanted
 
     def close(self) -> None:
+        self.flush()
         for sock in (self._pub, self._sub):
             if sock is not None:
                 sock.close(linger=0)
@@ -218,21 +236,40 @@ class ReplicaSync:
         self._send(["f", ticket.number])
 
     def _send(self, body: list[Any]) -> None:
-        pub = self._pub
+        """Queue one message; the turn's messages leave together once the loop is free."""
+        if self._pub is None:
+            return
+        outbox = self._outbox
+        outbox.append(body)
+        if len(outbox) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop (a direct call): send at once
+                self.flush()
+        elif len(outbox) >= MAX_MESSAGES_PER_FRAME:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the queued messages as one frame (dropped whole at the high-water mark)."""
+        pub, outbox = self._pub, self._outbox
+        if not outbox:
+            return
+        self._outbox = []
         if pub is None:
             return
-        payload = msgpack.packb([WIRE, VERSION, self.replica, *body])
-        try:
-            pub.send(payload, flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self.dropped += 1
-            return
-        self.sent[body[0]] += 1
+        with self._timed():
+            payload = msgpack.packb([WIRE, VERSION, self.replica, outbox])
+            try:
+                pub.send(payload, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                self.dropped += len(outbox)
+                return
+            self.sent.update(body[0] for body in outbox)
 
     # -- receiving ------------------------------------------------------------------------
 
     def receive(self, frame: bytes) -> None:
-        """Apply one peer message (anything malformed is counted and ignored)."""
+        """Apply one peer frame (anything malformed is counted and ignored)."""
         try:
             message = msgpack.unpackb(frame, raw=False, strict_map_key=True)
         except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
@@ -240,17 +277,26 @@ class ReplicaSync:
             return
         if (
             not isinstance(message, list)
-            or len(message) < 4
+            or len(message) != 4
             or message[0] != WIRE
             or message[1] != VERSION
             or not isinstance(message[2], str)
             or not 0 < len(message[2]) <= 200
+            or not isinstance(message[3], list)
+            or not 0 < len(message[3]) <= MAX_MESSAGES_PER_FRAME
         ):
             self.rejected["malformed"] += 1
             return
-        replica, kind, body = message[2], message[3], message[4:]
+        replica = message[2]
         if replica == self.replica:
             return
+        for item in message[3]:
+            if isinstance(item, list) and item and isinstance(item[0], str):
+                self._apply(replica, item[0], item[1:])
+            else:
+                self.rejected["malformed"] += 1
+
+    def _apply(self, replica: str, kind: str, body: list[Any]) -> None:
         peer = self.peers.get(replica)
         if peer is None:
             if len(self.peers) >= 4 * max(1, len(self.peer_endpoints) + len(self._resolved)):
@@ -374,6 +420,11 @@ class ReplicaSyncCollector(Collector):
             "kvgate_replica_sync_peer_losses",
             "Times a peer fell silent with requests in flight (its requests were dropped)",
         )
+        cpu = CounterMetricFamily(
+            "kvgate_replica_sync_cpu_seconds",
+            "CPU time of the event loop's thread spent on the sharing channel: encoding and "
+            "sending this replica's messages, receiving and applying the peers'",
+        )
         if sync is not None:
             for kind, count in sync.sent.items():
                 messages.add_metric(["sent", kind], float(count))
@@ -386,10 +437,12 @@ class ReplicaSyncCollector(Collector):
             for reason, count in sync.rejected.items():
                 rejected.add_metric([reason], float(count))
             losses.add_metric([], float(sum(p.losses for p in sync.peers.values())))
+        cpu.add_metric([], sync.cpu_s if sync is not None else 0.0)
         yield live
         yield messages
         yield rejected
         yield losses
+        yield cpu
 
 
 def _unsigned_64(values: list[Any]) -> bool:

@@ -58,7 +58,7 @@ class RawEventRecorder:
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 0)  # never drop: the reference must be complete
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self._monitor = self._sub.get_monitor_socket(zmq.EVENT_CONNECTED)
+        self._monitor = self._sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         self._lock = threading.Lock()
         self._held: Counter[tuple[str, EngineHash]] = Counter()
         self._seqs: list[int] = []
@@ -68,14 +68,16 @@ class RawEventRecorder:
         self._thread = threading.Thread(target=self._run, name="kv-recorder", daemon=True)
 
     def start(self, connect_timeout_s: float = 10.0) -> None:
-        """Connect, wait until the TCP connection is up and the subscription has settled."""
+        """Connect and wait for the ZMTP handshake with the publisher: the SUB sends its
+        subscription as the first message after it, and a PUB reads its pipes before each
+        send, so a batch published after traffic starts reaches us. `check_complete` says
+        so afterwards (vLLM's PUB is not an XPUB: it cannot tell us it saw the SUBSCRIBE)."""
         self._sub.connect(self.endpoint)
         if not self._monitor.poll(int(connect_timeout_s * 1000)):
             raise TimeoutError(f"raw recorder could not connect to {self.endpoint}")
         self._monitor.recv_multipart()
         self._sub.disable_monitor()
         self._monitor.close(linger=0)
-        time.sleep(0.5)  # let the SUBSCRIBE reach the publisher (ZMQ slow joiner)
         self._thread.start()
 
     def close(self) -> None:

@@ -108,7 +108,7 @@ async def test_a_silent_peers_requests_are_dropped_and_bad_messages_ignored(
     cost = gateway.state.router.cost
 
     def message(*fields: Any) -> bytes:
-        return bytes(msgpack.packb(["kvgate-sync", 1, "ghost-replica", *fields]))
+        return bytes(msgpack.packb(["kvgate-sync", 2, "ghost-replica", [list(fields)]]))
 
     sync.receive(message("d", 7, "e0", MODEL, None, [1, 2, 3], 1500.0))
     assert cost.outstanding("e0") == (1500.0, 1, 0)  # another replica's prefill queued there
@@ -118,10 +118,13 @@ async def test_a_silent_peers_requests_are_dropped_and_bad_messages_ignored(
         message("d", 9, "e0", MODEL, None, [1], float("nan")),
         message("d", 10, "no-such-pod", MODEL, None, [1], 10.0),
         message("x"),
-        bytes(msgpack.packb(["other-wire", 1, "ghost-replica", "h"])),
+        bytes(msgpack.packb(["other-wire", 2, "ghost-replica", [["h"]]])),
+        bytes(msgpack.packb(["kvgate-sync", 1, "ghost-replica", "h"])),  # the old version
+        bytes(msgpack.packb(["kvgate-sync", 2, "ghost-replica", []])),  # an empty frame
+        bytes(msgpack.packb(["kvgate-sync", 2, "ghost-replica", [3, ["h"]]])),  # half bad
     ):
         sync.receive(bad)
-    assert sum(sync.rejected.values()) == 6
+    assert sum(sync.rejected.values()) == 9
     assert cost.outstanding("e0") == (1500.0, 1, 0)
     # The ghost never sends a heartbeat: after the timeout its request is dropped.
     await eventually(lambda: cost.outstanding("e0") == (0.0, 0, 0), within=10,
