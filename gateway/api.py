@@ -110,7 +110,10 @@ def _check_prompt_list(prompt: list[Any]) -> None:
     integer in [0, 2**32) — `true` is not one (Python would take it for 1)."""
 
     def token_ids(values: list[Any]) -> bool:
-        return all(type(value) is int and 0 <= value <= _MAX_TOKEN_ID for value in values)
+        # In C, not a Python loop: a prompt may be 100k token ids.
+        if not values:
+            return True
+        return set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= _MAX_TOKEN_ID
 
     if all(isinstance(item, str) for item in prompt) or token_ids(prompt):
         return

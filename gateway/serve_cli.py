@@ -24,6 +24,7 @@ from gateway.settings import (
     POLICIES,
     Settings,
     read_config_file,
+    setting_declaration,
     setting_groups,
     unread_variables,
 )
@@ -41,8 +42,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "(static, the default) or the Kubernetes API (env KVGATE_DISCOVERY; see "
         "KVGATE_K8S_NAMESPACES, KVGATE_K8S_LABEL_SELECTOR)",
     )  # fmt: skip
-    parser.add_argument("--host", help="address to listen on (env KVGATE_HOST, 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on (env KVGATE_PORT, 8080)")
+    parser.add_argument("--host", help=_flag_help("host"))
+    parser.add_argument("--port", type=int, help=_flag_help("port"))
     parser.add_argument(
         "--policy",
         help="default routing policy (env KVGATE_DEFAULT_POLICY): one of "
@@ -72,6 +73,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "(`kvgate settings` adds each one's meaning and current value; AIBrix's names are "
         "read too): " + ", ".join(every)
     )
+
+
+def _flag_help(name: str) -> str:
+    """A flag's help from its setting's declaration: meaning, variable and default."""
+    declaration, default = setting_declaration(name)
+    meaning = declaration.meaning.split(" (`--")[0]
+    return f"{meaning} (env {declaration.variable}, {declaration.default_text(default)})"
 
 
 def run(args: argparse.Namespace) -> int:

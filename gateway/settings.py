@@ -606,6 +606,14 @@ def declarations() -> list[tuple[Declaration, object]]:
     return found
 
 
+def setting_declaration(name: str) -> tuple[Declaration, object]:
+    """The declaration of the Settings field `name`, with its default."""
+    for spec in fields(Settings):
+        if spec.name == name and _DECLARATION in spec.metadata:
+            return spec.metadata[_DECLARATION], getattr(Settings(), name)
+    raise KeyError(name)
+
+
 def setting_groups() -> dict[str, list[tuple[Declaration, object]]]:
     """The declarations with their defaults, as the README's two tables group them: the
     gateway's, then the index's (README, "The indexer", "Limits")."""

@@ -54,7 +54,7 @@ class TokenizeInput:
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one prompt
         if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
-            return list(prompt)  # already token ids
+            return prompt  # already token ids (only read from here on: no copy)
         if not isinstance(prompt, str):
             raise TokenizerError("only a single prompt (text or token ids) can be matched")
         body: dict[str, Any] = {"model": request["model"], "prompt": prompt}

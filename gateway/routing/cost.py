@@ -38,7 +38,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -249,36 +249,53 @@ class CostModel:
         holds (`cached_tokens`, already weighted by tier load cost), and the engine's own
         running and waiting counts at its last scrape (every gateway replica's requests).
         `now`: the decision's time, when it predicts many pods at once."""
-        work = self._pods.get(pod) or self._work(pod)
+        candidate = (pod, cached_tokens, scraped_at, running, waiting)
+        return self.predict_many([candidate], prompt_tokens, now=now)[0]
+
+    def predict_many(
+        self,
+        candidates: Sequence[tuple[str, float, float | None, float, float]],
+        prompt_tokens: int,
+        *,
+        now: float | None = None,
+    ) -> list[Prediction]:
+        """`predict` for each (pod, cached tokens, scraped at, running, waiting): one
+        decision's candidates in one loop (a decision predicts every pod of the model)."""
         if now is None:
             now = self._clock()
-        if work.unobserved:
-            self._expire(work, now)
-        queued = work.prefill_tokens
-        queued_requests = float(work.prefilling)
-        decoding = float(work.decoding)
-        if scraped_at is not None:
-            if work.at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
-                work.at_scrape = (scraped_at, work.prefilling, work.decoding)
-            _, ours_prefilling, ours_decoding = work.at_scrape
-            # The engine counts every replica's requests; ours in prefill may be running or
-            # waiting there, so only what exceeds all of ours is another replica's.
-            others = running + waiting - ours_prefilling - ours_decoding
-            if math.isfinite(others) and others > 0:
-                others_waiting = min(others, max(0.0, waiting - ours_prefilling))
-                queued += others_waiting * work.mean_tokens
-                queued_requests += others_waiting
-                decoding += others - others_waiting
-        own = max(0.0, prompt_tokens - cached_tokens)
-        model = work.model if work.model.observations else self.fleet
-        theta = model.coefficients
-        ttft = (
-            theta[0]
-            + theta[1] * (own + queued) / _TOKEN_UNIT
-            + theta[2] * queued_requests / _SEQ_UNIT
-            + theta[3] * decoding / _SEQ_UNIT
-        )
-        return Prediction(pod, ttft, own, queued, queued_requests, decoding, theta)
+        pods, fleet = self._pods, self.fleet
+        predictions = []
+        for pod, cached_tokens, scraped_at, running, waiting in candidates:
+            work = pods.get(pod) or self._work(pod)
+            if work.unobserved:
+                self._expire(work, now)
+            queued = work.prefill_tokens
+            queued_requests = float(work.prefilling)
+            decoding = float(work.decoding)
+            if scraped_at is not None:
+                if work.at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
+                    work.at_scrape = (scraped_at, work.prefilling, work.decoding)
+                _, ours_prefilling, ours_decoding = work.at_scrape
+                # The engine counts every replica's requests; ours in prefill may be running
+                # or waiting there, so only what exceeds all of ours is another replica's.
+                others = running + waiting - ours_prefilling - ours_decoding
+                if others > 0 and math.isfinite(others):
+                    others_waiting = min(others, max(0.0, waiting - ours_prefilling))
+                    queued += others_waiting * work.mean_tokens
+                    queued_requests += others_waiting
+                    decoding += others - others_waiting
+            own = prompt_tokens - cached_tokens
+            if own < 0.0:
+                own = 0.0
+            theta = (work.model if work.model.observations else fleet).coefficients
+            ttft = (
+                theta[0]
+                + theta[1] * (own + queued) / _TOKEN_UNIT
+                + theta[2] * queued_requests / _SEQ_UNIT
+                + theta[3] * decoding / _SEQ_UNIT
+            )
+            predictions.append(Prediction(pod, ttft, own, queued, queued_requests, decoding, theta))
+        return predictions
 
     def now(self) -> float:
         """The model's clock."""

@@ -24,9 +24,7 @@ def predict_all(
     if not missing:
         return predictions
     match = request.match
-    tokens = request.prompt_tokens
-    now = cost.now()
-    predict = cost.predict
+    candidates = []
     for pod in missing:
         name = pod.pod.name
         if match is None:
@@ -39,8 +37,9 @@ def predict_all(
                 counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE],
                 counts[Tier.EXPECTED], block_size,
             )  # fmt: skip
-        predictions[name] = predict(name, tokens, cached, pod.scraped_at, pod.running,
-                                    pod.waiting, now=now)  # fmt: skip
+        candidates.append((name, cached, pod.scraped_at, pod.running, pod.waiting))
+    for prediction in cost.predict_many(candidates, request.prompt_tokens):
+        predictions[prediction.pod] = prediction
     return predictions
 
 

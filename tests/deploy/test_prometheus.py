@@ -121,10 +121,11 @@ async def test_every_dashboard_query_runs_on_a_real_prometheus(
                 await response.aread()
             await client.post("/v1/chat/completions", json={**body, "model": "no-such-model"})
         await first.engines[1].stop()  # an engine fails: health, retries, 502/503s
-        for i in range(6):
-            await client.post("/v1/chat/completions", json={
+        for i in range(6):  # round-robin: at once, before health checks take it out of
+            await client.post("/v1/chat/completions", json={  # the ranking, half go there
                 "model": MODEL, "max_tokens": 2,
-                "messages": [{"role": "user", "content": f"after {i}"}]})  # fmt: skip
+                "messages": [{"role": "user", "content": f"after {i}"}]},
+                headers={"x-kvgate-policy": "round-robin"})  # fmt: skip
 
         async def scraped_enough() -> bool:
             samples = await query(prom, 'count_over_time(up{job="kvgate"}[5m])')
