@@ -24,8 +24,8 @@ from typing import Any
 from bench.chaos.faults import fault_plan
 from bench.chaos.harness import Harness, running_harness
 from bench.chaos.loadgen import LoadGenerator, TrafficShape
-from bench.chaos.processes import EngineOptions
 from bench.chaos.sampler import ProcessSampler, Sample, slope_per_minute
+from bench.harness import SimOptions
 from bench.results_io import RESULTS_DIR, percentile, print_table, pyplot, write_json
 
 OUT_DIR = RESULTS_DIR / "soak"
@@ -84,7 +84,7 @@ async def measure_capacity(harness: Harness, seconds: float, seed: int) -> float
 
 
 async def run_soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    options = EngineOptions(gpu_blocks=512, time_scale=10.0)
+    options = SimOptions(gpu_blocks=512, time_scale=10.0, max_batch=64, replay_buffer=10_000)
     async with running_harness(
         workdir, engines=args.engines, options=options, seed=args.seed, snapshot_dir=None
     ) as harness:

@@ -10,8 +10,8 @@ from typing import Any
 
 from bench.chaos.convergence import Convergence
 from bench.chaos.faults import FaultRecord
-from bench.chaos.loadgen import RequestRecord
 from bench.chaos.sampler import Sample
+from bench.harness import RequestRecord
 from bench.results_io import percentile, pyplot
 
 CONVERGENCE_TARGET_S = 5.0

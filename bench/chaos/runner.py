@@ -21,7 +21,6 @@ from typing import Any
 from bench.chaos.faults import KINDS, fault_plan
 from bench.chaos.harness import running_harness
 from bench.chaos.loadgen import LoadGenerator, TrafficShape
-from bench.chaos.processes import EngineOptions
 from bench.chaos.report import (
     client_summary,
     fault_entry,
@@ -31,6 +30,7 @@ from bench.chaos.report import (
     table_rows,
 )
 from bench.chaos.sampler import ProcessSampler
+from bench.harness import SimOptions
 from bench.results_io import RESULTS_DIR, print_table, write_json
 
 OUT_DIR = RESULTS_DIR / "chaos"
@@ -81,8 +81,11 @@ def run(args: argparse.Namespace) -> int:
 async def run_chaos(
     args: argparse.Namespace, kinds: list[str], workdir: Path, snapshot: Path | None
 ) -> dict[str, Any]:
-    options = EngineOptions(
-        gpu_blocks=args.gpu_blocks, replay_buffer=args.replay_buffer, time_scale=args.time_scale
+    options = SimOptions(
+        gpu_blocks=args.gpu_blocks,
+        time_scale=args.time_scale,
+        max_batch=64,
+        replay_buffer=args.replay_buffer,
     )
     plan = fault_plan(args.seed, args.faults, args.engines, kinds)
     entries: list[dict[str, Any]] = []
@@ -115,7 +118,7 @@ async def run_chaos(
         finally:
             stop.set()
             await asyncio.gather(*background, return_exceptions=True)
-        engine_restarts = {e.address.name: e.starts - 1 for e in harness.engines}
+        engine_restarts = {e.endpoint.name: e.starts - 1 for e in harness.engines}
         gateway_restarts = harness.gateway.starts - 1
     results: dict[str, Any] = {
         "config": {

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.chaos.processes import GatewayProcess, proc_open_fds, proc_rss_bytes
+from bench.harness import GatewayProcess, open_fds, rss_bytes
 
 _TASKS = re.compile(rb"^kvgate_process_asyncio_tasks (\S+)$", re.MULTILINE)
 
@@ -50,12 +50,10 @@ class ProcessSampler:
         with contextlib.suppress(httpx.HTTPError):
             match = _TASKS.search((await client.get(f"{self.gateway.url}/metrics")).content)
             tasks = int(float(match.group(1))) if match else None
-        rss = proc_rss_bytes(pid)
+        rss = rss_bytes(pid)
         if rss is None:
             return
-        self.samples.append(
-            Sample(self.clock() - self.started, pid, rss, proc_open_fds(pid), tasks)
-        )
+        self.samples.append(Sample(self.clock() - self.started, pid, rss, open_fds(pid), tasks))
 
 
 def slope_per_minute(points: Sequence[tuple[float, float]]) -> float:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.demo.fleet import EngineEndpoint
+from bench.harness import EngineEndpoint
 
 _QUERIES = "vllm:prefix_cache_queries"
 _HITS = "vllm:prefix_cache_hits"
