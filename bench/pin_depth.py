@@ -38,7 +38,7 @@ from bench.harness import (
     wait_http,
     write_pods_file,
 )
-from bench.results_io import RESULTS_DIR, pyplot, write_json
+from bench.results_io import RESULTS_DIR, figure, write_json
 from bench.workloads.pin_depth import (
     FloodTraffic,
     PinDepthWorkloadConfig,
@@ -322,19 +322,15 @@ def print_table(summary: list[dict[str, Any]]) -> None:
 
 
 def plot(summary: list[dict[str, Any]], path: Path) -> None:
-    plt = pyplot(path)
     depths = [r["depth"] for r in summary]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(depths, [r["ttft_baseline_ms"] for r in summary], "o-", label="baseline (no pin)")
-    ax.plot(depths, [r["ttft_pinned_ms"] for r in summary], "s-", label="pinned by kvgate")
-    ax.set_xlabel("conversation depth (messages before the measured turn)")
-    ax.set_ylabel("TTFT after the flood (model ms)")
-    ax.set_title("VIP conversation TTFT after a flood that cycles the cache")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4.2), dpi=120) as (_fig, ax):
+        ax.plot(depths, [r["ttft_baseline_ms"] for r in summary], "o-", label="baseline (no pin)")
+        ax.plot(depths, [r["ttft_pinned_ms"] for r in summary], "s-", label="pinned by kvgate")
+        ax.set_xlabel("conversation depth (messages before the measured turn)")
+        ax.set_ylabel("TTFT after the flood (model ms)")
+        ax.set_title("VIP conversation TTFT after a flood that cycles the cache")
+        ax.grid(alpha=0.3)
+        ax.legend()
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

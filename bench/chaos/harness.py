@@ -18,6 +18,8 @@ import httpx
 
 from bench.chaos.convergence import Convergence, ConvergenceChecker
 from bench.chaos.faults import FaultInjector
+from bench.chaos.loadgen import LoadGenerator, TrafficShape
+from bench.chaos.sampler import ProcessSampler
 from bench.harness import (
     GatewayProcess,
     SimOptions,
@@ -69,6 +71,29 @@ class Harness:
             time.monotonic(), timeout_s, give_up_when_permanent=False
         )
         return first, after, healed
+
+    @contextlib.asynccontextmanager
+    async def traffic(
+        self, shape: TrafficShape, seed: int, sample_interval_s: float
+    ) -> AsyncIterator[tuple[LoadGenerator, ProcessSampler, float]]:
+        """Steady client traffic and samples of the gateway process while the block runs;
+        yields them and when they started."""
+        t0 = time.monotonic()
+        load = LoadGenerator(self.gateway.url, shape, random.Random(seed))
+        sampler = ProcessSampler(self.gateway, sample_interval_s, t0)
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(load.run(stop), name="chaos-load"),
+            asyncio.create_task(sampler.run(stop), name="chaos-sampler"),
+        ]
+        try:
+            yield load, sampler, t0
+        finally:
+            stop.set()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:  # the block went well: a failed task is the error
+            if isinstance(outcome, BaseException):
+                raise outcome
 
 
 @contextlib.asynccontextmanager

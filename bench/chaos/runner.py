@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 
 from bench.chaos.faults import KINDS, fault_plan
 from bench.chaos.harness import running_harness
-from bench.chaos.loadgen import LoadGenerator, TrafficShape
+from bench.chaos.loadgen import TrafficShape
 from bench.chaos.report import (
     client_summary,
     fault_entry,
@@ -29,7 +28,6 @@ from bench.chaos.report import (
     plot_timeline,
     table_rows,
 )
-from bench.chaos.sampler import ProcessSampler
 from bench.harness import SimOptions
 from bench.results_io import RESULTS_DIR, print_table, write_json
 
@@ -93,16 +91,9 @@ async def run_chaos(
     async with running_harness(
         workdir, engines=args.engines, options=options, seed=args.seed, snapshot_dir=snapshot
     ) as harness:
-        t0 = time.monotonic()
         shape = TrafficShape(rate=args.rate, stream_fraction=args.stream_fraction)
-        load = LoadGenerator(harness.gateway.url, shape, random.Random(args.seed))
-        sampler = ProcessSampler(harness.gateway, args.sample_interval, t0)
-        stop = asyncio.Event()
-        background = [
-            asyncio.create_task(load.run(stop), name="chaos-load"),
-            asyncio.create_task(sampler.run(stop), name="chaos-sampler"),
-        ]
-        try:
+        async with harness.traffic(shape, args.seed, args.sample_interval) as traffic:
+            load, sampler, t0 = traffic
             await asyncio.sleep(args.warmup)
             baseline = await harness.checker.wait_converged(time.monotonic(), args.timeout)
             for spec in plan:
@@ -115,9 +106,6 @@ async def run_chaos(
                 entries.append(entry)
                 _progress(entry)
                 await asyncio.sleep(args.gap)
-        finally:
-            stop.set()
-            await asyncio.gather(*background, return_exceptions=True)
         engine_restarts = {e.endpoint.name: e.starts - 1 for e in harness.engines}
         gateway_restarts = harness.gateway.starts - 1
     results: dict[str, Any] = {
@@ -141,16 +129,7 @@ async def run_chaos(
         "memory": memory_summary(sampler.samples),
         "restarts": {"engines": engine_restarts, "gateway": gateway_restarts},
         "fault_log": entries,
-        "samples": [
-            {
-                "t": round(s.t, 2),
-                "pid": s.pid,
-                "rss_mb": round(s.rss_bytes / 2**20, 2),
-                "open_fds": s.open_fds,
-                "asyncio_tasks": s.asyncio_tasks,
-            }
-            for s in sampler.samples
-        ],
+        "samples": [s.as_json() for s in sampler.samples],
     }
     write_json(args.json, results)
     title = f"kvgate bench chaos: {len(entries)} faults, seed {args.seed}"

@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -25,6 +26,11 @@ class Sample:
     rss_bytes: int
     open_fds: int | None
     asyncio_tasks: int | None
+
+    def as_json(self, *, pid: bool = True) -> dict[str, Any]:
+        return {"t": round(self.t, 2), **({"pid": self.pid} if pid else {}),
+                "rss_mb": round(self.rss_bytes / 2**20, 2), "open_fds": self.open_fds,
+                "asyncio_tasks": self.asyncio_tasks}  # fmt: skip
 
 
 @dataclass

@@ -100,10 +100,16 @@ class ChildProcess:
         return self.proc is None or self.proc.returncode is not None
 
     async def spawn(
-        self, command: Sequence[str], *, env: dict[str, str] | None = None, pipe: bool = False
+        self,
+        command: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        pipe: bool = False,
+        stdin: bool = False,
     ) -> None:
         """Start `command`; `env` is added to this process's environment; `pipe`: its stdout
-        is read with `readline()` (then `follow()`), else it goes to the log like stderr."""
+        is read with `readline()` (then `follow()`), else it goes to the log like stderr;
+        `stdin`: lines are written to it with `write_line()`."""
         await self.stop()
         await asyncio.to_thread(self.log_path.parent.mkdir, parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
@@ -111,7 +117,7 @@ class ChildProcess:
             *command,
             stdout=asyncio.subprocess.PIPE if pipe else self._log,
             stderr=self._log,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             env=None if env is None else {**os.environ, **env},
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
@@ -122,6 +128,11 @@ class ChildProcess:
         """The next line of the piped stdout ('' at its end)."""
         assert self.proc is not None and self.proc.stdout is not None
         return (await self.proc.stdout.readline()).decode(errors="replace")
+
+    async def write_line(self, line: str) -> None:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        await self.proc.stdin.drain()
 
     def follow(self) -> None:
         """Keep reading the piped stdout (unread, a full pipe would block the child)."""
