@@ -38,6 +38,7 @@ from bench.harness import (
     wait_http,
     write_pods_file,
 )
+from bench.harness.engine_stats import cache_capacity_tokens
 from bench.results_io import RESULTS_DIR, figure, write_json
 from bench.workloads.pin_depth import (
     FloodTraffic,
@@ -103,15 +104,6 @@ class FloodPlan:
     traffic: FloodTraffic
 
 
-async def _capacity_tokens(client: httpx.AsyncClient, url: str) -> int:
-    text = (await client.get(f"{url}/metrics")).text
-    line = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info"))
-    labels = dict(
-        part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
-    )
-    return int(labels["num_gpu_blocks"].strip('"')) * int(labels["block_size"].strip('"'))
-
-
 async def _tokenize(client: httpx.AsyncClient, url: str, model: str, chat: Any) -> list[int]:
     answer = await client.post(f"{url}/tokenize", json={"model": model, "messages": chat})
     answer.raise_for_status()
@@ -124,7 +116,7 @@ async def plan_flood(
 ) -> FloodPlan:
     """The seed's rule, with both of its numbers measured: the capacity on the engine, the
     prompts' tokens at `tokenizer` (SGLang's /tokenize applies no chat template)."""
-    capacity = await _capacity_tokens(client, engine.url)
+    capacity = await cache_capacity_tokens(client, engine.url)
     probe = FloodTraffic(plan.workload, PROBE_SESSIONS)
     prompts = [
         await _tokenize(client, tokenizer, engine.model, probe.request(j))

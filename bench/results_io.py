@@ -52,21 +52,19 @@ def write_json(path: Path, results: Mapping[str, Any]) -> Path:
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """`--json PATH` and `--plot PATH`, defaulting to bench/results/<name>.json|png."""
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / f"{name}.json",
-        metavar="PATH",
-        help=f"where to write the JSON results (default bench/results/{name}.json)",
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=RESULTS_DIR / f"{name}.png",
-        metavar="PATH",
-        help=f"where to write the plot (default bench/results/{name}.png)",
-    )
+    """`--json PATH` and `--plot PATH`, defaulting to bench/results/<name>.json|png (`name`
+    may hold a folder: `chaos/chaos`)."""
+    for flag, suffix, what in (
+        ("--json", "json", "the JSON results"),
+        ("--plot", "png", "the plot"),
+    ):
+        parser.add_argument(
+            flag,
+            type=Path,
+            default=RESULTS_DIR / f"{name}.{suffix}",
+            metavar="PATH",
+            help=f"where to write {what} (default bench/results/{name}.{suffix})",
+        )
 
 
 def have_matplotlib() -> bool:

@@ -26,9 +26,14 @@ from bench.chaos.harness import Harness, running_harness
 from bench.chaos.loadgen import LoadGenerator, TrafficShape
 from bench.chaos.sampler import Sample, slope_per_minute
 from bench.harness import SimOptions
-from bench.results_io import RESULTS_DIR, figure, percentile, print_table, write_json
+from bench.results_io import (
+    add_output_arguments,
+    figure,
+    percentile,
+    print_table,
+    write_json,
+)
 
-OUT_DIR = RESULTS_DIR / "soak"
 # Faults after which no client request may fail (the gateway retries or never notices).
 # Not `restart_wipe_cache`: like a real engine restart it cuts the streams it was serving.
 SOAK_FAULTS = (
@@ -51,8 +56,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--sample-interval", type=float, default=5.0, help="seconds between gateway samples")
     add("--warmup-fraction", type=float, default=0.2, help="share of the run before slopes")
     add("--seed", type=int, default=1)
-    add("--json", type=Path, default=OUT_DIR / "soak.json", metavar="PATH")
-    add("--plot", type=Path, default=OUT_DIR / "soak.png", metavar="PATH")
+    add_output_arguments(parser, "soak/soak")
     add("--workdir", type=Path, default=None, help="logs and pods file (default: temporary)")
 
 

@@ -29,9 +29,7 @@ from bench.chaos.report import (
     table_rows,
 )
 from bench.harness import SimOptions
-from bench.results_io import RESULTS_DIR, print_table, write_json
-
-OUT_DIR = RESULTS_DIR / "chaos"
+from bench.results_io import add_output_arguments, print_table, write_json
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +54,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add("--no-snapshot", action="store_true", help="run the gateway without KVGATE_SNAPSHOT_DIR")
     add("--sample-interval", type=float, default=2.0, help="seconds between gateway samples")
-    add("--json", type=Path, default=OUT_DIR / "chaos.json", metavar="PATH")
-    add("--plot", type=Path, default=OUT_DIR / "chaos.png", metavar="PATH")
+    add_output_arguments(parser, "chaos/chaos")
     add("--workdir", type=Path, default=None, help="logs and pods file (default: temporary)")
 
 

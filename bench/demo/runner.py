@@ -20,11 +20,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.demo.engine_stats import deltas, read_counters
 from bench.demo.instructions import serving_instructions
 from bench.demo.loadgen import LoadSpec, run_load
 from bench.demo.plan import DemoPlan
-from bench.demo.probe import LoopLagProbe
 from bench.demo.progress import ProgressBar
 from bench.demo.report import RunSummary, format_table, headline, plot, summarize
 from bench.harness import (
@@ -36,6 +34,8 @@ from bench.harness import (
     serve_in_process,
     write_pods_file,
 )
+from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
+from bench.harness.probe import LoopLagProbe
 from bench.results_io import write_json
 from bench.workloads import ChatWorkload
 from gateway.settings import Settings
@@ -154,23 +154,21 @@ async def _run_policy(
     gateway_url: str,
 ) -> tuple[RunSummary, list[RequestRecord]]:
     """Reset every engine's cache, wait until the index is empty, run the workload."""
-    await admin.reset_engine_caches([e.url for e in fleet.endpoints])
+    await reset_prefix_caches(client, [e.url for e in fleet.endpoints])
     await admin.wait_whole(empty=True)
     before = await read_counters(client, fleet.endpoints)
     cpu_before = (time.process_time(), fleet.cpu_total(), time.perf_counter())
     bar = ProgressBar(policy, workload.requests, enabled=options.progress)
-    probe = LoopLagProbe()
     drawing = asyncio.create_task(bar.run(), name="kvgate-demo-progress")
-    probing = asyncio.create_task(probe.run(), name="kvgate-demo-loop-probe")
     try:
-        model = fleet.endpoints[0].model
-        spec = LoadSpec(gateway_url, model, policy, options.plan.time_scale)
-        records = await run_load(spec, workload, bar.done)
+        async with LoopLagProbe().running() as probe:
+            model = fleet.endpoints[0].model
+            spec = LoadSpec(gateway_url, model, policy, options.plan.time_scale)
+            records = await run_load(spec, workload, bar.done)
     finally:
-        for task in (drawing, probing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        drawing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drawing
     after = await read_counters(client, fleet.endpoints)
     elapsed = time.perf_counter() - cpu_before[2]
     cpu = {

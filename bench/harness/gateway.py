@@ -8,7 +8,6 @@ import contextlib
 import random
 import signal
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -128,7 +127,7 @@ async def serve_in_process(settings: Settings, port: int = 0) -> GatewayServer:
 
 
 class AdminClient:
-    """The gateway's admin API and the engines' cache reset, over one HTTP client."""
+    """The gateway's admin API over one HTTP client."""
 
     def __init__(self, client: httpx.AsyncClient, gateway_url: str, token: str) -> None:
         self._client = client
@@ -156,20 +155,6 @@ class AdminClient:
         except TimeoutError as exc:
             states = {p["name"]: (p.get("subscriber"), p.get("index_blocks")) for p in last}
             raise TimeoutError(f"subscribers not whole after {timeout_s} s: {states}") from exc
-
-    async def reset_engine_caches(
-        self, engine_urls: Sequence[str], *, timeout_s: float = 30.0
-    ) -> None:
-        """`POST /reset_prefix_cache` on every engine (retried while one is still busy)."""
-        async with asyncio.timeout(timeout_s):
-            for url in engine_urls:
-                while True:
-                    response = await self._client.post(f"{url}/reset_prefix_cache")
-                    if response.status_code == 200:
-                        break
-                    if response.status_code != 400:
-                        response.raise_for_status()
-                    await asyncio.sleep(0.1)  # 400: requests still running there
 
 
 def _settled(pod: dict[str, Any], empty: bool) -> bool:

@@ -22,9 +22,7 @@ from typing import Any
 
 import httpx
 
-from bench.demo.engine_stats import deltas, read_counters
 from bench.harness import (
-    AdminClient,
     ChildProcess,
     RequestRecord,
     SimProcess,
@@ -32,6 +30,7 @@ from bench.harness import (
     start_all,
     write_pods_file,
 )
+from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
 from bench.results_io import write_json
 from bench.routing.fleet import FleetPlan, capacity_rps, engine_processes, plan_fleet
 from bench.routing.loadgen import LoadSpec
@@ -150,7 +149,7 @@ async def _run_one(
     shared: bool = False,
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     endpoints = endpoints_of(engines)
-    await AdminClient(client, "", "").reset_engine_caches([e.url for e in endpoints])
+    await reset_prefix_caches(client, [e.url for e in endpoints])
     logs = options.out_dir / "logs" / script.name
     routers = [
         make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,

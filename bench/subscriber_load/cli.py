@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import os
 import sys
@@ -154,13 +153,8 @@ async def _with_engines(config: BenchConfig, log: Path) -> tuple[dict[str, Any],
         sink = CountingSink(IndexSink(table), t0)
         async with SubscriberManager(sink) as manager:
             gateway = Gateway(manager, sink, t0)
-            probe = asyncio.create_task(gateway.probe_loop(), name="bench-loop-probe")
-            try:
+            async with gateway.probe.running():
                 results = await _phases(gateway, fleet, overrun_engine, config)
-            finally:
-                probe.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await probe
     finally:
         await asyncio.gather(*(process.stop() for process in processes))
     return results, gateway
