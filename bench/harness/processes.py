@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import IO
 
 _PR_SET_PDEATHSIG = 1
+_LINE_LIMIT = 64 * 2**20
+"""The longest stdout line `readline()` reads (an answer may be a whole cache's hashes)."""
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -121,6 +123,7 @@ class ChildProcess:
             env=None if env is None else {**os.environ, **env},
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            limit=_LINE_LIMIT,
         )
         self.starts += 1
 
