@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.results_io import figure
 from bench.routing.summary import RunResult
@@ -160,9 +162,7 @@ def _plot_predictions(
     path: Path, results: Sequence[RunResult], pairs: dict[str, list[tuple[float, float]]]
 ) -> Path:
     workloads = sorted({r.workload for r in results if pairs.get(_key(r))})
-    with figure(
-        path, 1, len(workloads), figsize=(5 * len(workloads), 4.5), squeeze=False, dpi=100
-    ) as (_fig, axes):
+    with _per_workload(path, workloads, width=5) as axes:
         for axis, workload in zip(axes[0], workloads, strict=True):
             high = 1.0
             for r in results:
@@ -186,15 +186,23 @@ def _plot_predictions(
     return path
 
 
+@contextlib.contextmanager
+def _per_workload(
+    path: Path, workloads: Sequence[str], *, rows: int = 1, width: float = 6, height: float = 4.5
+) -> Iterator[Any]:
+    """A figure with a column of `rows` panels per workload; yields the panels' grid."""
+    size = (width * len(workloads), height)
+    with figure(path, rows, len(workloads), figsize=size, squeeze=False, dpi=100) as (_, axes):
+        yield axes
+
+
 def _key(result: RunResult) -> str:
     return f"{result.workload}|{result.label}|{result.load}"
 
 
 def _plot_cdf(path: Path, results: Sequence[RunResult], ttfts: dict[str, list[float]]) -> Path:
     workloads = sorted({r.workload for r in results})
-    with figure(
-        path, 1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False, dpi=100
-    ) as (_fig, axes):
+    with _per_workload(path, workloads) as axes:
         for axis, workload in zip(axes[0], workloads, strict=True):
             loads = sorted({r.load or 0.0 for r in results if r.workload == workload})
             shown = min(loads, key=lambda x: abs(x - 0.8))  # the headline load
@@ -216,9 +224,7 @@ def _plot_cdf(path: Path, results: Sequence[RunResult], ttfts: dict[str, list[fl
 
 def _plot_vs_load(path: Path, results: Sequence[RunResult]) -> Path:
     workloads = sorted({r.workload for r in results})
-    with figure(
-        path, 2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False, dpi=100
-    ) as (_fig, axes):
+    with _per_workload(path, workloads, rows=2, height=8) as axes:
         for column, workload in enumerate(workloads):
             for router in dict.fromkeys(r.label for r in results if r.workload == workload):
                 points = sorted(
@@ -244,9 +250,7 @@ def _plot_vs_load(path: Path, results: Sequence[RunResult]) -> Path:
 def _plot_share(path: Path, results: Sequence[RunResult]) -> Path:
     shown = [r for r in results if r.load is None or abs((r.load or 0) - _headline(results)) < 1e-9]
     workloads = sorted({r.workload for r in shown})
-    with figure(
-        path, 1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False, dpi=100
-    ) as (_fig, axes):
+    with _per_workload(path, workloads) as axes:
         for axis, workload in zip(axes[0], workloads, strict=True):
             runs = [r for r in shown if r.workload == workload]
             engines = sorted({e for r in runs for e in r.engine_share})
