@@ -17,13 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.indexer_workload import FleetWorkload, build_fleet
-from bench.results_io import (
-    add_output_arguments,
-    percentile,
-    print_table,
-    pyplot,
-    write_json,
-)
+from bench.results_io import add_output_arguments, figure, percentile, print_table, write_json
 from gateway.runtime import tune_gc
 from indexer import IndexConfig, IndexLimits, ModelContext, SyncPrefixHashTable
 
@@ -244,19 +238,15 @@ def _report(results: dict[str, Any]) -> None:
 
 
 def _plot(path: Path, latencies: dict[int, list[float]], pods: int) -> bool:
-    plt = pyplot(path)
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for candidates, samples in sorted(latencies.items()):
-        ordered = sorted(samples)
-        fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
-        axis.plot(ordered, fractions, label=f"{min(candidates, pods)} candidate pods")
-    axis.set_xscale("log")
-    axis.set_xlabel("match latency (µs), 128-block prompt")
-    axis.set_ylabel("fraction of queries")
-    axis.set_title("kvgate indexer: prefix match latency (CDF)")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with figure(path, figsize=(7, 4), dpi=120) as (_fig, axis):
+        for candidates, samples in sorted(latencies.items()):
+            ordered = sorted(samples)
+            fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+            axis.plot(ordered, fractions, label=f"{min(candidates, pods)} candidate pods")
+        axis.set_xscale("log")
+        axis.set_xlabel("match latency (µs), 128-block prompt")
+        axis.set_ylabel("fraction of queries")
+        axis.set_title("kvgate indexer: prefix match latency (CDF)")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
     return True

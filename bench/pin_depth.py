@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import random
 import tempfile
@@ -29,9 +28,18 @@ from typing import Any
 
 import httpx
 
-from bench.demo.fleet import EngineEndpoint, FleetSpec, SimFleet
-from bench.demo.gateway import write_pods_file
-from bench.results_io import RESULTS_DIR, pyplot, write_json
+from bench.harness import (
+    EngineEndpoint,
+    SimOptions,
+    SimProcess,
+    eventually,
+    post_chat,
+    serve_in_process,
+    wait_http,
+    write_pods_file,
+)
+from bench.harness.engine_stats import cache_capacity_tokens
+from bench.results_io import RESULTS_DIR, figure, write_json
 from bench.workloads.pin_depth import (
     FloodTraffic,
     PinDepthWorkloadConfig,
@@ -39,7 +47,6 @@ from bench.workloads.pin_depth import (
     trie_tokens,
     vip_conversation,
 )
-from gateway.app import create_app
 from gateway.server import GatewayServer
 from gateway.settings import Settings
 
@@ -89,31 +96,12 @@ class Plan:
         return plan
 
 
-class _SglangFleet(SimFleet):
-    def __init__(self, spec: FleetSpec, log_path: Path, block_size: int) -> None:
-        super().__init__(spec, log_path)
-        self.block_size = block_size
-
-    def command(self, base_port: int) -> list[str]:
-        return [*super().command(base_port), "--flavor", "sglang",
-                "--block-size", str(self.block_size)]  # fmt: skip
-
-
 @dataclass(frozen=True)
 class FloodPlan:
     capacity_tokens: int
     unique_tokens_per_request: float
     requests: int
     traffic: FloodTraffic
-
-
-async def _capacity_tokens(client: httpx.AsyncClient, url: str) -> int:
-    text = (await client.get(f"{url}/metrics")).text
-    line = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info"))
-    labels = dict(
-        part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
-    )
-    return int(labels["num_gpu_blocks"].strip('"')) * int(labels["block_size"].strip('"'))
 
 
 async def _tokenize(client: httpx.AsyncClient, url: str, model: str, chat: Any) -> list[int]:
@@ -128,7 +116,7 @@ async def plan_flood(
 ) -> FloodPlan:
     """The seed's rule, with both of its numbers measured: the capacity on the engine, the
     prompts' tokens at `tokenizer` (SGLang's /tokenize applies no chat template)."""
-    capacity = await _capacity_tokens(client, engine.url)
+    capacity = await cache_capacity_tokens(client, engine.url)
     probe = FloodTraffic(plan.workload, PROBE_SESSIONS)
     prompts = [
         await _tokenize(client, tokenizer, engine.model, probe.request(j))
@@ -144,20 +132,7 @@ async def _start_gateway(pods_file: Path, tokenizer: str) -> GatewayServer:
     # SGLang engines tokenize no chat messages: a vLLM tokenizer of the model does.
     settings = Settings(pods_file=pods_file, admin_token=ADMIN_TOKEN, pin_interval_s=0.2,
                         drain_timeout_s=2.0, tokenizer_endpoint=tokenizer)  # fmt: skip
-    server = GatewayServer(create_app(settings), drain_timeout_s=2)
-    await server.start()
-    return server
-
-
-async def _eventually(check: Any, what: str, timeout_s: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached within {timeout_s} s")
-        await asyncio.sleep(0.05)
+    return await serve_in_process(settings)
 
 
 async def _flood(
@@ -177,7 +152,7 @@ async def _flood(
         load: int = (await client.get(f"{url}/load")).json()["server_load"]
         return load == 0
 
-    await _eventually(drained, "the engine drained")
+    await eventually(drained, "the engine drained")
 
 
 async def _caught_up(
@@ -192,7 +167,7 @@ async def _caught_up(
         subscriber = pods[0]["subscriber"] or {}
         return bool(subscriber.get("last_seq") == published - 1)
 
-    await _eventually(applied, "the gateway applied the flood's events")
+    await eventually(applied, "the gateway applied the flood's events")
 
 
 async def _measure(
@@ -201,23 +176,12 @@ async def _measure(
     """TTFT (wall s) from the stream, and prompt / cached tokens from its usage chunk."""
     body = {"model": model, "messages": chat, "max_tokens": 8, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-    started = time.perf_counter()
-    ttft: float | None = None
-    usage: dict[str, Any] = {}
-    async with client.stream("POST", f"{gateway}/v1/chat/completions", json=body,
-                             headers={"x-session-id": "vip"}) as response:  # fmt: skip
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            choices = chunk.get("choices") or []
-            if ttft is None and choices and choices[0].get("delta", {}).get("content"):
-                ttft = time.perf_counter() - started
-            usage = chunk.get("usage") or usage
-    assert ttft is not None, "the stream carried no content"
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return ttft, int(usage.get("prompt_tokens", 0)), int(cached)
+    url = f"{gateway}/v1/chat/completions"
+    answer = await post_chat(client, url, body, {"x-session-id": "vip"})
+    if answer.error is not None:
+        raise RuntimeError(f"the measured request failed: {answer.error}")
+    assert answer.ttft_s is not None, "the stream carried no content"
+    return answer.ttft_s, answer.usage_int("prompt_tokens"), answer.cached_tokens
 
 
 async def run_phase(
@@ -235,9 +199,7 @@ async def run_phase(
     admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     try:
         async with httpx.AsyncClient(timeout=120) as client:
-            await _eventually(
-                lambda: _ok(client, f"{gateway.url}/ready"), "the gateway subscribed", 30
-            )
+            await wait_http(f"{gateway.url}/ready", timeout_s=30)
             body = {"model": engine.model, "messages": vip.chat(depth), "max_tokens": 1}
             headers = PIN_HEADERS if phase == "pinned" else {"x-session-id": "vip"}
             warm = await client.post(f"{gateway.url}/v1/chat/completions", json=body,
@@ -251,7 +213,7 @@ async def run_phase(
                     lease = pins["pins"][0] if pins["pins"] else None
                     return lease["blocks"] if lease and lease["state"] == "pinned" else 0
 
-                blocks = await _eventually(pinned, "the VIP conversation pinned", 30)
+                blocks = await eventually(pinned, "the VIP conversation pinned", 30)
             await _flood(client, plan, flood, engine.url, engine.model)
             await _caught_up(client, gateway.url, engine.url, admin)
             ttft, prompt_tokens, cached = await _measure(
@@ -272,28 +234,22 @@ async def run_phase(
     }
 
 
-async def _ok(client: httpx.AsyncClient, url: str) -> bool:
-    try:
-        return (await client.get(url)).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 async def run_sweep(plan: Plan, workdir: Path) -> tuple[list[dict[str, Any]], FloodPlan]:
     vip = vip_conversation(plan.workload)
-    spec = FleetSpec(engines=2, gpu_blocks=plan.gpu_blocks, time_scale=plan.time_scale,
-                     seed=plan.seed)  # fmt: skip
+    spec = SimOptions(gpu_blocks=plan.gpu_blocks, time_scale=plan.time_scale, max_batch=32,
+                      seed=plan.seed)  # fmt: skip
+    sglang = replace(spec, extra=("--flavor", "sglang", "--block-size", str(plan.block_size)))
     rng = random.Random(plan.seed)
     rows: list[dict[str, Any]] = []
     flood: FloodPlan | None = None
     # SGLang's /tokenize applies no chat template: a vLLM tokenizer of the model does, for
     # the flood plan and for the gateway (AIBRIX_REMOTE_TOKENIZER_ENDPOINT), as deployed.
-    tokenizer_fleet = SimFleet(replace(spec, engines=1), workdir / "tokenizer.log")
+    tokenizer_fleet = SimProcess(spec, workdir / "tokenizer.log", fleet=1)
     await tokenizer_fleet.start(rng)
     tokenizer = tokenizer_fleet.endpoints[0].url
     try:
         for depth in plan.depths:
-            fleet = _SglangFleet(spec, workdir / "engines.log", plan.block_size)
+            fleet = SimProcess(sglang, workdir / "engines.log", fleet=2)
             await fleet.start(rng)
             try:
                 baseline_engine, pinned_engine = fleet.endpoints
@@ -358,19 +314,15 @@ def print_table(summary: list[dict[str, Any]]) -> None:
 
 
 def plot(summary: list[dict[str, Any]], path: Path) -> None:
-    plt = pyplot(path)
     depths = [r["depth"] for r in summary]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.plot(depths, [r["ttft_baseline_ms"] for r in summary], "o-", label="baseline (no pin)")
-    ax.plot(depths, [r["ttft_pinned_ms"] for r in summary], "s-", label="pinned by kvgate")
-    ax.set_xlabel("conversation depth (messages before the measured turn)")
-    ax.set_ylabel("TTFT after the flood (model ms)")
-    ax.set_title("VIP conversation TTFT after a flood that cycles the cache")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(7, 4.2), dpi=120) as (_fig, ax):
+        ax.plot(depths, [r["ttft_baseline_ms"] for r in summary], "o-", label="baseline (no pin)")
+        ax.plot(depths, [r["ttft_pinned_ms"] for r in summary], "s-", label="pinned by kvgate")
+        ax.set_xlabel("conversation depth (messages before the measured turn)")
+        ax.set_ylabel("TTFT after the flood (model ms)")
+        ax.set_title("VIP conversation TTFT after a flood that cycles the cache")
+        ax.grid(alpha=0.3)
+        ax.legend()
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import platform
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,21 +52,38 @@ def write_json(path: Path, results: Mapping[str, Any]) -> Path:
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """`--json PATH` and `--plot PATH`, defaulting to bench/results/<name>.json|png."""
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / f"{name}.json",
-        metavar="PATH",
-        help=f"where to write the JSON results (default bench/results/{name}.json)",
-    )
-    parser.add_argument(
-        "--plot",
-        type=Path,
-        default=RESULTS_DIR / f"{name}.png",
-        metavar="PATH",
-        help=f"where to write the plot (default bench/results/{name}.png)",
-    )
+    """`--json PATH` and `--plot PATH`, defaulting to bench/results/<name>.json|png (`name`
+    may hold a folder: `chaos/chaos`)."""
+    for flag, suffix, what in (
+        ("--json", "json", "the JSON results"),
+        ("--plot", "png", "the plot"),
+    ):
+        parser.add_argument(
+            flag,
+            type=Path,
+            default=RESULTS_DIR / f"{name}.{suffix}",
+            metavar="PATH",
+            help=f"where to write {what} (default bench/results/{name}.{suffix})",
+        )
+
+
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+@contextlib.contextmanager
+def figure(path: Path, *grid: int, dpi: float | None = None, **options: Any) -> Iterator[Any]:
+    """A matplotlib figure of `grid` subplots (`plt.subplots(*grid, **options)`): yields
+    (figure, axes); saved to `path` (tight layout, `dpi`) when the block ends, closed
+    either way."""
+    plt = pyplot(path)
+    fig, axes = plt.subplots(*grid, **options)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, **({} if dpi is None else {"dpi": dpi}))
+    finally:
+        plt.close(fig)
 
 
 def pyplot(path: Path) -> Any:

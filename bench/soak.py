@@ -24,11 +24,16 @@ from typing import Any
 from bench.chaos.faults import fault_plan
 from bench.chaos.harness import Harness, running_harness
 from bench.chaos.loadgen import LoadGenerator, TrafficShape
-from bench.chaos.processes import EngineOptions
-from bench.chaos.sampler import ProcessSampler, Sample, slope_per_minute
-from bench.results_io import RESULTS_DIR, percentile, print_table, pyplot, write_json
+from bench.chaos.sampler import Sample, slope_per_minute
+from bench.harness import SimOptions
+from bench.results_io import (
+    add_output_arguments,
+    figure,
+    percentile,
+    print_table,
+    write_json,
+)
 
-OUT_DIR = RESULTS_DIR / "soak"
 # Faults after which no client request may fail (the gateway retries or never notices).
 # Not `restart_wipe_cache`: like a real engine restart it cuts the streams it was serving.
 SOAK_FAULTS = (
@@ -51,8 +56,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--sample-interval", type=float, default=5.0, help="seconds between gateway samples")
     add("--warmup-fraction", type=float, default=0.2, help="share of the run before slopes")
     add("--seed", type=int, default=1)
-    add("--json", type=Path, default=OUT_DIR / "soak.json", metavar="PATH")
-    add("--plot", type=Path, default=OUT_DIR / "soak.png", metavar="PATH")
+    add_output_arguments(parser, "soak/soak")
     add("--workdir", type=Path, default=None, help="logs and pods file (default: temporary)")
 
 
@@ -84,7 +88,7 @@ async def measure_capacity(harness: Harness, seconds: float, seed: int) -> float
 
 
 async def run_soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    options = EngineOptions(gpu_blocks=512, time_scale=10.0)
+    options = SimOptions(gpu_blocks=512, time_scale=10.0, max_batch=64, replay_buffer=10_000)
     async with running_harness(
         workdir, engines=args.engines, options=options, seed=args.seed, snapshot_dir=None
     ) as harness:
@@ -94,14 +98,10 @@ async def run_soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await harness.checker.wait_converged(time.monotonic(), 30.0)
         rate = args.rate if args.rate is not None else max(1.0, capacity or 0.0) * args.load
         duration = args.minutes * 60
-        t0 = time.monotonic()
-        load = LoadGenerator(harness.gateway.url, TrafficShape(rate=rate), random.Random(args.seed))
-        sampler = ProcessSampler(harness.gateway, args.sample_interval, t0)
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(load.run(stop)), asyncio.create_task(sampler.run(stop))]
-        faults = await _inject_occasionally(harness, args, duration, t0)
-        stop.set()
-        await asyncio.gather(*tasks)
+        shape = TrafficShape(rate=rate)
+        async with harness.traffic(shape, args.seed, args.sample_interval) as traffic:
+            load, sampler, t0 = traffic
+            faults = await _inject_occasionally(harness, args, duration, t0)
         final = await harness.checker.wait_converged(time.monotonic(), 30.0)
     warmup = duration * args.warmup_fraction
     results: dict[str, Any] = {
@@ -121,15 +121,7 @@ async def run_soak(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "faults": faults,
         "final_whole": final.converged,
         "final_divergent_blocks": final.divergent,
-        "samples": [
-            {
-                "t": round(s.t, 2),
-                "rss_mb": round(s.rss_bytes / 2**20, 2),
-                "open_fds": s.open_fds,
-                "asyncio_tasks": s.asyncio_tasks,
-            }
-            for s in sampler.samples
-        ],
+        "samples": [s.as_json(pid=False) for s in sampler.samples],
     }
     write_json(args.json, results)
     _plot(args.plot, sampler.samples, warmup, faults, results)
@@ -225,25 +217,21 @@ def _plot(
     faults: Sequence[dict[str, Any]],
     results: dict[str, Any],
 ) -> None:
-    plt = pyplot(path)
-    fig, axes = plt.subplots(3, 1, figsize=(10, 7), sharex=True)
-    t = [s.t for s in samples]
-    series = (
-        ("RSS (MB)", [s.rss_bytes / 2**20 for s in samples]),
-        ("open fds", [s.open_fds for s in samples]),
-        ("asyncio tasks", [s.asyncio_tasks for s in samples]),
-    )
-    for ax, (label, values) in zip(axes, series, strict=True):
-        ax.plot(t, values, "-o", markersize=2)
-        ax.set_ylabel(label)
-        ax.axvspan(0, warmup, color="grey", alpha=0.15)
-        for fault in faults:
-            ax.axvline(fault["t"], color="tab:red", alpha=0.3, linewidth=0.8)
-    axes[-1].set_xlabel("seconds (grey: warm-up; red: faults)")
-    fig.suptitle(
-        f"kvgate bench soak: {results['offered_rps']} req/s, {results['requests']} requests, "
-        f"{results['lost_requests']} lost, RSS slope {results['rss_slope_mb_per_min']} MB/min"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 3, 1, figsize=(10, 7), sharex=True, dpi=110) as (fig, axes):
+        t = [s.t for s in samples]
+        series = (
+            ("RSS (MB)", [s.rss_bytes / 2**20 for s in samples]),
+            ("open fds", [s.open_fds for s in samples]),
+            ("asyncio tasks", [s.asyncio_tasks for s in samples]),
+        )
+        for ax, (label, values) in zip(axes, series, strict=True):
+            ax.plot(t, values, "-o", markersize=2)
+            ax.set_ylabel(label)
+            ax.axvspan(0, warmup, color="grey", alpha=0.15)
+            for fault in faults:
+                ax.axvline(fault["t"], color="tab:red", alpha=0.3, linewidth=0.8)
+        axes[-1].set_xlabel("seconds (grey: warm-up; red: faults)")
+        fig.suptitle(
+            f"kvgate bench soak: {results['offered_rps']} req/s, {results['requests']} requests, "
+            f"{results['lost_requests']} lost, RSS slope {results['rss_slope_mb_per_min']} MB/min"
+        )

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from bench.chaos.processes import EngineAddress
+from bench.harness import EngineEndpoint
 
 _TIERS = ("GPU", "CPU", "STORAGE")
 # Degraded states no amount of waiting repairs (the index holds only what it saw).
@@ -78,7 +78,7 @@ class ConvergenceChecker:
         client: httpx.AsyncClient,
         gateway_url: str,
         admin_token: str,
-        engines: Sequence[EngineAddress],
+        engines: Sequence[EngineEndpoint],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -93,7 +93,7 @@ class ConvergenceChecker:
         response.raise_for_status()
         return {p["name"]: (p.get("subscriber") or {}) for p in response.json()["pods"]}
 
-    async def compare(self, engine: EngineAddress) -> PodComparison | None:
+    async def compare(self, engine: EngineEndpoint) -> PodComparison | None:
         """One consistent comparison of `engine`'s pod, or None if none was possible now."""
         seq, pending = await self._engine_seq(engine)
         cache = await self._get(f"{engine.url}/sim/cache")
@@ -163,7 +163,7 @@ class ConvergenceChecker:
             False, self._clock() - since, list(last.values()), not_whole, examples, +waits
         )
 
-    async def _engine_seq(self, engine: EngineAddress) -> tuple[int, int]:
+    async def _engine_seq(self, engine: EngineEndpoint) -> tuple[int, int]:
         """The engine's next seq and how many cache changes it has not published yet."""
         publisher = (await self._get(f"{engine.url}/sim/stats"))["publisher"]
         return int(publisher["next_seq"]), int(publisher.get("pending_events", 0))

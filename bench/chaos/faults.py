@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from bench.chaos.processes import EngineProcess, GatewayProcess
+from bench.harness import GatewayProcess, SimProcess
 
 KINDS = (
     "drop_batches",
@@ -105,7 +105,7 @@ class FaultInjector:
     def __init__(
         self,
         client: httpx.AsyncClient,
-        engines: Sequence[EngineProcess],
+        engines: Sequence[SimProcess],
         gateway: GatewayProcess,
         *,
         clock: Callable[[], float] = time.monotonic,
@@ -117,7 +117,7 @@ class FaultInjector:
 
     async def apply(self, spec: FaultSpec) -> FaultRecord:
         engine = self._engines[spec.engine]
-        pod = None if spec.kind == "kill_gateway" else engine.address.name
+        pod = None if spec.kind == "kill_gateway" else engine.endpoint.name
         record = FaultRecord(spec, pod, self._clock())
         if spec.kind == "kill_gateway":
             await self._gateway.kill()
@@ -142,19 +142,19 @@ class FaultInjector:
         record.settled_at = self._clock()
         return record
 
-    async def arm(self, engine: EngineProcess, spec: dict[str, Any]) -> dict[str, Any]:
-        response = await self._client.post(f"{engine.address.url}/sim/faults", json=spec)
+    async def arm(self, engine: SimProcess, spec: dict[str, Any]) -> dict[str, Any]:
+        response = await self._client.post(f"{engine.endpoint.url}/sim/faults", json=spec)
         response.raise_for_status()
         armed: dict[str, Any] = response.json()["armed"]
         return armed
 
-    async def fired(self, engine: EngineProcess) -> dict[str, int]:
-        response = await self._client.get(f"{engine.address.url}/sim/stats")
+    async def fired(self, engine: SimProcess) -> dict[str, int]:
+        response = await self._client.get(f"{engine.endpoint.url}/sim/stats")
         response.raise_for_status()
         fired: dict[str, int] = response.json()["faults_fired"]
         return fired
 
-    async def _wait_fired(self, engine: EngineProcess, key: str, wanted: int) -> bool:
+    async def _wait_fired(self, engine: SimProcess, key: str, wanted: int) -> bool:
         deadline = self._clock() + FIRE_TIMEOUT_S
         while self._clock() < deadline:
             if (await self.fired(engine)).get(key, 0) >= wanted:

@@ -6,32 +6,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
 
 from bench.chaos.convergence import Convergence, ConvergenceChecker
 from bench.chaos.faults import FaultInjector
-from bench.chaos.processes import (
-    EngineOptions,
-    EngineProcess,
+from bench.chaos.loadgen import LoadGenerator, TrafficShape
+from bench.chaos.sampler import ProcessSampler
+from bench.harness import (
     GatewayProcess,
-    engine_addresses,
+    SimOptions,
+    SimProcess,
+    free_port_block,
     write_pods_file,
 )
-from bench.demo.fleet import free_port_block
 
 HEAL_RESET_TIMEOUT_S = 5.0
 
 
 @dataclass
 class Harness:
-    engines: list[EngineProcess]
+    engines: list[SimProcess]
     gateway: GatewayProcess
     client: httpx.AsyncClient
     injector: FaultInjector
@@ -43,11 +45,11 @@ class Harness:
         an operator would: empty the engine's prefix cache (`/reset_prefix_cache`, retried
         while requests run; its AllBlocksCleared makes the index whole), else restart the
         engine with an empty cache. Returns what was done."""
-        engine = next(e for e in self.engines if e.address.name == pod)
+        engine = next(e for e in self.engines if e.endpoint.name == pod)
         deadline = time.monotonic() + HEAL_RESET_TIMEOUT_S
         while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
-                response = await self.client.post(f"{engine.address.url}/reset_prefix_cache")
+                response = await self.client.post(f"{engine.endpoint.url}/reset_prefix_cache")
                 if response.status_code == 200:
                     return "reset_prefix_cache"
             await asyncio.sleep(0.02)
@@ -70,28 +72,59 @@ class Harness:
         )
         return first, after, healed
 
+    @contextlib.asynccontextmanager
+    async def traffic(
+        self, shape: TrafficShape, seed: int, sample_interval_s: float
+    ) -> AsyncIterator[tuple[LoadGenerator, ProcessSampler, float]]:
+        """Steady client traffic and samples of the gateway process while the block runs;
+        yields them and when they started."""
+        t0 = time.monotonic()
+        load = LoadGenerator(self.gateway.url, shape, random.Random(seed))
+        sampler = ProcessSampler(self.gateway, sample_interval_s, t0)
+        stop = asyncio.Event()
+        tasks = [
+            asyncio.create_task(load.run(stop), name="chaos-load"),
+            asyncio.create_task(sampler.run(stop), name="chaos-sampler"),
+        ]
+        try:
+            yield load, sampler, t0
+        finally:
+            stop.set()
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:  # the block went well: a failed task is the error
+            if isinstance(outcome, BaseException):
+                raise outcome
+
 
 @contextlib.asynccontextmanager
 async def running_harness(
     workdir: Path,
     *,
     engines: int,
-    options: EngineOptions,
+    options: SimOptions,
     seed: int,
     snapshot_dir: Path | None,
 ) -> AsyncIterator[Harness]:
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    # Engine i: HTTP base+3i, events base+3i+1, replay base+3i+2; the gateway base+3N.
     base = free_port_block(3 * engines + 1, random.Random())
-    addresses = engine_addresses(base, engines)
     log = workdir / "processes.log"
-    procs = [EngineProcess(a, options, log, seed + 100 * i) for i, a in enumerate(addresses)]
-    pods_file = write_pods_file(workdir / "pods.json", addresses)
+    procs = [
+        SimProcess(replace(options, seed=seed + 100 * i), log, name=f"chaos-{i}", port=base + 3 * i)
+        for i in range(engines)
+    ]
     token = secrets.token_hex(16)
+    env = {"KVGATE_UPSTREAM_TIMEOUT": os.environ.get("KVGATE_UPSTREAM_TIMEOUT", "60")}
+    if snapshot_dir is not None:  # honoured by gateways with index persistence
+        env["KVGATE_SNAPSHOT_DIR"] = str(snapshot_dir)
+        env["KVGATE_SNAPSHOT_INTERVAL_S"] = os.environ.get("KVGATE_SNAPSHOT_INTERVAL_S", "1")
     gateway = GatewayProcess(
-        base + 3 * engines, pods_file, log, admin_token=token, snapshot_dir=snapshot_dir
+        workdir / "pods.json", log, port=base + 3 * engines, admin_token=token, env=env
     )
     try:
         await asyncio.gather(*(p.start() for p in procs))
+        addresses = [p.endpoint for p in procs]
+        write_pods_file(gateway.pods_file, addresses)
         await gateway.start()
         limits = httpx.Limits(max_keepalive_connections=32)
         async with httpx.AsyncClient(timeout=10.0, limits=limits) as client:
@@ -104,6 +137,6 @@ async def running_harness(
                 workdir,
             )
     finally:
-        await gateway.stop(sig=2)  # SIGINT: uvicorn drains, the lifespan stops everything
+        await gateway.stop()
         for proc in procs:
             await proc.stop()

@@ -4,7 +4,8 @@ Open loop: requests start at `rate` per second (exponential gaps) whatever the g
 doing, bounded by `max_inflight` (a start that would exceed it is counted as skipped, not
 sent). Chat requests share a few long system prompts, so engines store, hit and evict
 blocks; a fraction are streamed. A request fails when it gets no complete answer: a
-connection refused or cut, a non-200 status, a stream without its `[DONE]`.
+connection refused or cut, a non-200 status, a stream without its `[DONE]` (the record's
+`error` is then `ChatAnswer.failure`).
 """
 
 from __future__ import annotations
@@ -18,20 +19,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.chaos.processes import MODEL
+from bench.harness import MODEL, RequestRecord, post_chat
 from bench.workloads.chat import WORDS
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    started: float
-    ended: float
-    stream: bool
-    status: int | None
-    pod: str | None
-    error: str | None
-    """None when the request got a complete answer; else `connect` (refused), `reset` (the
-    connection failed before a status), `cut` (after it), `status` (not 200), `timeout`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,28 +101,10 @@ class LoadGenerator:
     async def _one(
         self, client: httpx.AsyncClient, body: dict[str, object], headers: dict[str, str]
     ) -> None:
-        started = self.clock()
+        url = f"{self.gateway_url}/v1/chat/completions"
+        answer = await post_chat(client, url, body, headers, clock=self.clock)
         stream = bool(body["stream"])
-        status: int | None = None
-        pod: str | None = None
-        error: str | None = None
-        try:
-            url = f"{self.gateway_url}/v1/chat/completions"
-            async with client.stream("POST", url, json=body, headers=headers) as response:
-                status = response.status_code
-                pod = response.headers.get("x-kvgate-pod")
-                data = b"".join([chunk async for chunk in response.aiter_bytes()])
-            if status != 200:
-                error = "status"
-            elif stream and b"[DONE]" not in data:
-                error = "cut"
-        except httpx.TimeoutException:
-            error = "timeout"
-        except httpx.ConnectError:
-            error = "connect"
-        except httpx.HTTPError:
-            error = "cut" if status is not None else "reset"
-        self.records.append(RequestRecord(started, self.clock(), stream, status, pod, error))
+        self.records.append(RequestRecord.of(answer, error=answer.failure, stream=stream))
 
     def completed_since(self, since: float) -> int:
         return sum(1 for r in self.records if r.ended >= since and r.error is None)

@@ -10,9 +10,9 @@ from typing import Any
 
 from bench.chaos.convergence import Convergence
 from bench.chaos.faults import FaultRecord
-from bench.chaos.loadgen import RequestRecord
 from bench.chaos.sampler import Sample
-from bench.results_io import percentile, pyplot
+from bench.harness import RequestRecord
+from bench.results_io import figure, percentile
 
 CONVERGENCE_TARGET_S = 5.0
 
@@ -208,38 +208,39 @@ def plot_timeline(
     t0: float,
     title: str,
 ) -> None:
-    plt = pyplot(path)
-    fig, (ax_req, ax_conv, ax_mem) = plt.subplots(3, 1, figsize=(11, 8), sharex=True)
-    ok = [r.ended - t0 for r in records if r.error is None]
-    bad = [r.ended - t0 for r in records if r.error is not None]
-    if ok:
-        bins = max(10, int(max(ok) - min(ok)) + 1)
-        ax_req.hist(ok, bins=bins, color="tab:green", alpha=0.6, label="completed / s")
-    if bad:
-        ax_req.scatter(bad, [0.5] * len(bad), color="tab:red", marker="x", label="failed")
-    ax_req.set_ylabel("client requests")
-    ax_req.legend(loc="upper right", fontsize=8)
-    colors = plt.get_cmap("tab10")
-    kinds = sorted({e["kind"] for e in entries})
-    for e in entries:
-        color = colors(kinds.index(e["kind"]) % 10)
-        for ax in (ax_req, ax_conv, ax_mem):
-            ax.axvspan(e["t"], max(e["settled_t"], e["t"] + 0.05), color=color, alpha=0.25)
-        height = e["convergence_s"]
-        marker = "o" if e["converged"] and not e.get("healed") else "s"
-        ax_conv.scatter([e["settled_t"]], [height], color=color, marker=marker)
-    for kind in kinds:
-        ax_conv.scatter([], [], color=colors(kinds.index(kind) % 10), label=kind)
-    ax_conv.axhline(CONVERGENCE_TARGET_S, color="grey", linestyle="--", linewidth=0.8)
-    ax_conv.set_ylabel("convergence (s)\nsquare: degraded/healed")
-    ax_conv.legend(loc="upper right", fontsize=7, ncol=2)
-    if samples:
-        ax_mem.plot([s.t for s in samples], [s.rss_bytes / 2**20 for s in samples], "-o",
-                    markersize=2, label="gateway RSS (MB)")  # fmt: skip
-        ax_mem.legend(loc="lower right", fontsize=8)
-    ax_mem.set_ylabel("RSS (MB)")
-    ax_mem.set_xlabel("seconds since start")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, 3, 1, figsize=(11, 8), sharex=True, dpi=110) as (
+        fig,
+        (ax_req, ax_conv, ax_mem),
+    ):
+        ok = [r.ended - t0 for r in records if r.error is None]
+        bad = [r.ended - t0 for r in records if r.error is not None]
+        if ok:
+            bins = max(10, int(max(ok) - min(ok)) + 1)
+            ax_req.hist(ok, bins=bins, color="tab:green", alpha=0.6, label="completed / s")
+        if bad:
+            ax_req.scatter(bad, [0.5] * len(bad), color="tab:red", marker="x", label="failed")
+        ax_req.set_ylabel("client requests")
+        ax_req.legend(loc="upper right", fontsize=8)
+        import matplotlib  # installed: `figure` checked
+
+        colors = matplotlib.colormaps["tab10"]
+        kinds = sorted({e["kind"] for e in entries})
+        for e in entries:
+            color = colors(kinds.index(e["kind"]) % 10)
+            for ax in (ax_req, ax_conv, ax_mem):
+                ax.axvspan(e["t"], max(e["settled_t"], e["t"] + 0.05), color=color, alpha=0.25)
+            height = e["convergence_s"]
+            marker = "o" if e["converged"] and not e.get("healed") else "s"
+            ax_conv.scatter([e["settled_t"]], [height], color=color, marker=marker)
+        for kind in kinds:
+            ax_conv.scatter([], [], color=colors(kinds.index(kind) % 10), label=kind)
+        ax_conv.axhline(CONVERGENCE_TARGET_S, color="grey", linestyle="--", linewidth=0.8)
+        ax_conv.set_ylabel("convergence (s)\nsquare: degraded/healed")
+        ax_conv.legend(loc="upper right", fontsize=7, ncol=2)
+        if samples:
+            ax_mem.plot([s.t for s in samples], [s.rss_bytes / 2**20 for s in samples], "-o",
+                        markersize=2, label="gateway RSS (MB)")  # fmt: skip
+            ax_mem.legend(loc="lower right", fontsize=8)
+        ax_mem.set_ylabel("RSS (MB)")
+        ax_mem.set_xlabel("seconds since start")
+        fig.suptitle(title)

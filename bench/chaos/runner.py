@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import tempfile
 import time
 from pathlib import Path
@@ -20,8 +19,7 @@ from typing import Any
 
 from bench.chaos.faults import KINDS, fault_plan
 from bench.chaos.harness import running_harness
-from bench.chaos.loadgen import LoadGenerator, TrafficShape
-from bench.chaos.processes import EngineOptions
+from bench.chaos.loadgen import TrafficShape
 from bench.chaos.report import (
     client_summary,
     fault_entry,
@@ -30,10 +28,8 @@ from bench.chaos.report import (
     plot_timeline,
     table_rows,
 )
-from bench.chaos.sampler import ProcessSampler
-from bench.results_io import RESULTS_DIR, print_table, write_json
-
-OUT_DIR = RESULTS_DIR / "chaos"
+from bench.harness import SimOptions
+from bench.results_io import add_output_arguments, print_table, write_json
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +54,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add("--no-snapshot", action="store_true", help="run the gateway without KVGATE_SNAPSHOT_DIR")
     add("--sample-interval", type=float, default=2.0, help="seconds between gateway samples")
-    add("--json", type=Path, default=OUT_DIR / "chaos.json", metavar="PATH")
-    add("--plot", type=Path, default=OUT_DIR / "chaos.png", metavar="PATH")
+    add_output_arguments(parser, "chaos/chaos")
     add("--workdir", type=Path, default=None, help="logs and pods file (default: temporary)")
 
 
@@ -81,8 +76,11 @@ def run(args: argparse.Namespace) -> int:
 async def run_chaos(
     args: argparse.Namespace, kinds: list[str], workdir: Path, snapshot: Path | None
 ) -> dict[str, Any]:
-    options = EngineOptions(
-        gpu_blocks=args.gpu_blocks, replay_buffer=args.replay_buffer, time_scale=args.time_scale
+    options = SimOptions(
+        gpu_blocks=args.gpu_blocks,
+        time_scale=args.time_scale,
+        max_batch=64,
+        replay_buffer=args.replay_buffer,
     )
     plan = fault_plan(args.seed, args.faults, args.engines, kinds)
     entries: list[dict[str, Any]] = []
@@ -90,16 +88,9 @@ async def run_chaos(
     async with running_harness(
         workdir, engines=args.engines, options=options, seed=args.seed, snapshot_dir=snapshot
     ) as harness:
-        t0 = time.monotonic()
         shape = TrafficShape(rate=args.rate, stream_fraction=args.stream_fraction)
-        load = LoadGenerator(harness.gateway.url, shape, random.Random(args.seed))
-        sampler = ProcessSampler(harness.gateway, args.sample_interval, t0)
-        stop = asyncio.Event()
-        background = [
-            asyncio.create_task(load.run(stop), name="chaos-load"),
-            asyncio.create_task(sampler.run(stop), name="chaos-sampler"),
-        ]
-        try:
+        async with harness.traffic(shape, args.seed, args.sample_interval) as traffic:
+            load, sampler, t0 = traffic
             await asyncio.sleep(args.warmup)
             baseline = await harness.checker.wait_converged(time.monotonic(), args.timeout)
             for spec in plan:
@@ -112,10 +103,7 @@ async def run_chaos(
                 entries.append(entry)
                 _progress(entry)
                 await asyncio.sleep(args.gap)
-        finally:
-            stop.set()
-            await asyncio.gather(*background, return_exceptions=True)
-        engine_restarts = {e.address.name: e.starts - 1 for e in harness.engines}
+        engine_restarts = {e.endpoint.name: e.starts - 1 for e in harness.engines}
         gateway_restarts = harness.gateway.starts - 1
     results: dict[str, Any] = {
         "config": {
@@ -138,16 +126,7 @@ async def run_chaos(
         "memory": memory_summary(sampler.samples),
         "restarts": {"engines": engine_restarts, "gateway": gateway_restarts},
         "fault_log": entries,
-        "samples": [
-            {
-                "t": round(s.t, 2),
-                "pid": s.pid,
-                "rss_mb": round(s.rss_bytes / 2**20, 2),
-                "open_fds": s.open_fds,
-                "asyncio_tasks": s.asyncio_tasks,
-            }
-            for s in sampler.samples
-        ],
+        "samples": [s.as_json() for s in sampler.samples],
     }
     write_json(args.json, results)
     title = f"kvgate bench chaos: {len(entries)} faults, seed {args.seed}"

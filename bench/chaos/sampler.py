@@ -9,10 +9,11 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from bench.chaos.processes import GatewayProcess, proc_open_fds, proc_rss_bytes
+from bench.harness import GatewayProcess, open_fds, rss_bytes
 
 _TASKS = re.compile(rb"^kvgate_process_asyncio_tasks (\S+)$", re.MULTILINE)
 
@@ -25,6 +26,11 @@ class Sample:
     rss_bytes: int
     open_fds: int | None
     asyncio_tasks: int | None
+
+    def as_json(self, *, pid: bool = True) -> dict[str, Any]:
+        return {"t": round(self.t, 2), **({"pid": self.pid} if pid else {}),
+                "rss_mb": round(self.rss_bytes / 2**20, 2), "open_fds": self.open_fds,
+                "asyncio_tasks": self.asyncio_tasks}  # fmt: skip
 
 
 @dataclass
@@ -50,12 +56,10 @@ class ProcessSampler:
         with contextlib.suppress(httpx.HTTPError):
             match = _TASKS.search((await client.get(f"{self.gateway.url}/metrics")).content)
             tasks = int(float(match.group(1))) if match else None
-        rss = proc_rss_bytes(pid)
+        rss = rss_bytes(pid)
         if rss is None:
             return
-        self.samples.append(
-            Sample(self.clock() - self.started, pid, rss, proc_open_fds(pid), tasks)
-        )
+        self.samples.append(Sample(self.clock() - self.started, pid, rss, open_fds(pid), tasks))
 
 
 def slope_per_minute(points: Sequence[tuple[float, float]]) -> float:

@@ -11,32 +11,13 @@ Think times and start offsets are model seconds, divided by the time scale.
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
+from bench.harness import RequestRecord, post_chat
 from bench.workloads import ChatWorkload, Session
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    session: str
-    turn: int
-    pod: str | None
-    status: int
-    error: str | None
-    ttft_s: float | None
-    """Wall seconds from sending the request to the first generated text."""
-    e2e_s: float
-    """Wall seconds from sending the request to the end of the stream."""
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    started: float
-    finished: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,29 +26,6 @@ class LoadSpec:
     model: str
     policy: str
     time_scale: float
-
-
-class _Stream:
-    """What one streamed answer carried."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.first_token_at: float | None = None
-        self.usage: dict[str, object] = {}
-
-    def feed(self, line: str) -> None:
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            return
-        chunk = json.loads(line[6:])
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-        for choice in chunk.get("choices") or ():
-            content = (choice.get("delta") or {}).get("content")
-            if content:
-                if self.first_token_at is None:
-                    self.first_token_at = time.perf_counter()
-                self.text.append(content)
 
 
 async def send_turn(
@@ -87,42 +45,12 @@ async def send_turn(
         "stream_options": {"include_usage": True},
     }
     headers = {"x-kvgate-policy": spec.policy, "x-session-id": session.session_id}
-    stream = _Stream()
-    started = time.perf_counter()
-    status, pod, error = 0, None, None
-    try:
-        url = f"{spec.gateway_url}/v1/chat/completions"
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            status, pod = response.status_code, response.headers.get("x-kvgate-pod")
-            if status != 200:
-                error = f"HTTP {status}: {(await response.aread())[:200]!r}"
-            else:
-                async for line in response.aiter_lines():
-                    stream.feed(line)
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    finished = time.perf_counter()
-    details = stream.usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
-    record = RequestRecord(
-        session=session.session_id,
-        turn=turn,
-        pod=pod,
-        status=status,
-        error=error,
-        ttft_s=None if stream.first_token_at is None else stream.first_token_at - started,
-        e2e_s=finished - started,
-        prompt_tokens=_int(stream.usage.get("prompt_tokens")),
-        cached_tokens=_int(cached),
-        completion_tokens=_int(stream.usage.get("completion_tokens")),
-        started=started,
-        finished=finished,
+    url = f"{spec.gateway_url}/v1/chat/completions"
+    answer = await post_chat(client, url, body, headers)
+    record = RequestRecord.of(
+        answer, error=answer.error, conversation=session.session_id, turn=turn
     )
-    return record, "".join(stream.text)
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) else 0
+    return record, "".join(answer.text)
 
 
 async def run_load(

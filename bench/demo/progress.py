@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TextIO
 
-from bench.demo.loadgen import RequestRecord
+from bench.harness import RequestRecord
 
 _WIDTH = 30
 

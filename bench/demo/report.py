@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.demo.engine_stats import EngineCounters, engine_ttft_mean_s, hit_rate
-from bench.demo.loadgen import RequestRecord
+from bench.harness import RequestRecord
+from bench.harness.engine_stats import EngineCounters, engine_ttft_mean_s, hit_rate
 from bench.results_io import percentile
 
 
@@ -64,7 +64,14 @@ class RunSummary:
             "requests_per_s": self.requests_per_s / scale,
             "output_tokens_per_s": self.output_tokens_per_s / scale,
         }
-        document["records"] = [asdict(r) for r in records]
+        document["records"] = [
+            {"session": r.conversation, "turn": r.turn, "pod": r.pod, "status": r.status or 0,
+             "error": r.error, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
+             "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+             "completion_tokens": r.completion_tokens, "started": r.started,
+             "finished": r.ended}
+            for r in records
+        ]  # fmt: skip
         return document
 
 
@@ -79,9 +86,7 @@ def summarize(
     ok = [r for r in records if r.error is None and r.ttft_s is not None]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     e2es = [r.e2e_s for r in ok]
-    duration = (
-        max(r.finished for r in records) - min(r.started for r in records) if records else 0.0
-    )
+    duration = max(r.ended for r in records) - min(r.started for r in records) if records else 0.0
     prompt = sum(r.prompt_tokens for r in ok)
     return RunSummary(
         policy=policy,

@@ -1,7 +1,7 @@
 """The demo, start to finish, and its signal handling.
 
 One process runs the gateway (in-process uvicorn) and the load generator (asyncio tasks);
-the engines run in a child process (see `fleet.py`). SIGINT and SIGTERM set one event:
+the engines run in a child process (`bench.harness.SimProcess`). SIGINT and SIGTERM set one event:
 while the benchmark runs it is cancelled (exit 130), while serving the demo returns 0;
 either way the gateway stops first, then the engine process group.
 """
@@ -20,17 +20,25 @@ from pathlib import Path
 
 import httpx
 
-from bench.demo.engine_stats import deltas, read_counters
-from bench.demo.fleet import FleetError, FleetSpec, SimFleet
-from bench.demo.gateway import AdminClient, start_gateway, write_pods_file
 from bench.demo.instructions import serving_instructions
-from bench.demo.loadgen import LoadSpec, RequestRecord, run_load
+from bench.demo.loadgen import LoadSpec, run_load
 from bench.demo.plan import DemoPlan
-from bench.demo.probe import LoopLagProbe
 from bench.demo.progress import ProgressBar
 from bench.demo.report import RunSummary, format_table, headline, plot, summarize
+from bench.harness import (
+    AdminClient,
+    RequestRecord,
+    SimOptions,
+    SimProcess,
+    StartError,
+    serve_in_process,
+    write_pods_file,
+)
+from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
+from bench.harness.probe import LoopLagProbe
 from bench.results_io import write_json
 from bench.workloads import ChatWorkload
+from gateway.settings import Settings
 
 POLICIES = ("round-robin", "prefix-cache")
 """The default comparison: the baseline first, then the policy it is compared with."""
@@ -71,7 +79,7 @@ async def _main(options: DemoOptions) -> int:
         if demo.done():
             try:
                 return demo.result()
-            except (FleetError, TimeoutError, OSError, httpx.HTTPError) as exc:
+            except (StartError, TimeoutError, OSError, httpx.HTTPError) as exc:
                 print(f"kvgate demo: {type(exc).__name__}: {exc}", file=sys.stderr)
                 return 1
         if phase.serving:
@@ -89,8 +97,7 @@ async def _main(options: DemoOptions) -> int:
 async def _demo(options: DemoOptions, stop: asyncio.Event, phase: _Phase) -> int:
     plan = options.plan
     workload = plan.workload()
-    spec = FleetSpec(
-        engines=plan.engines,
+    spec = SimOptions(
         gpu_blocks=plan.gpu_blocks(workload),
         time_scale=plan.time_scale,
         max_batch=plan.max_batch,
@@ -100,11 +107,12 @@ async def _demo(options: DemoOptions, stop: asyncio.Event, phase: _Phase) -> int
     token = secrets.token_urlsafe(12)
     async with contextlib.AsyncExitStack() as stack:
         _say(options, _intro(plan, workload, spec))
-        fleet = SimFleet(spec, options.out_dir / "sim.log")
+        fleet = SimProcess(spec, options.out_dir / "sim.log", fleet=plan.engines)
         stack.push_async_callback(fleet.stop)
         await fleet.start(rng)
         pods_file = write_pods_file(options.out_dir / "pods.json", fleet.endpoints)
-        gateway = await start_gateway(pods_file, token, options.port)
+        settings = Settings(pods_file=pods_file, admin_token=token, drain_timeout_s=2.0)
+        gateway = await serve_in_process(settings, options.port)
         stack.push_async_callback(gateway.stop)
         if options.port and gateway.port != options.port:
             _say(options, f"port {options.port} is taken: the gateway listens on {gateway.port}")
@@ -140,34 +148,32 @@ async def _run_policy(
     options: DemoOptions,
     policy: str,
     workload: ChatWorkload,
-    fleet: SimFleet,
+    fleet: SimProcess,
     admin: AdminClient,
     client: httpx.AsyncClient,
     gateway_url: str,
 ) -> tuple[RunSummary, list[RequestRecord]]:
     """Reset every engine's cache, wait until the index is empty, run the workload."""
-    await admin.reset_engine_caches([e.url for e in fleet.endpoints])
+    await reset_prefix_caches(client, [e.url for e in fleet.endpoints])
     await admin.wait_whole(empty=True)
     before = await read_counters(client, fleet.endpoints)
-    cpu_before = (time.process_time(), fleet.cpu_seconds(), time.perf_counter())
+    cpu_before = (time.process_time(), fleet.cpu_total(), time.perf_counter())
     bar = ProgressBar(policy, workload.requests, enabled=options.progress)
-    probe = LoopLagProbe()
     drawing = asyncio.create_task(bar.run(), name="kvgate-demo-progress")
-    probing = asyncio.create_task(probe.run(), name="kvgate-demo-loop-probe")
     try:
-        model = fleet.endpoints[0].model
-        spec = LoadSpec(gateway_url, model, policy, options.plan.time_scale)
-        records = await run_load(spec, workload, bar.done)
+        async with LoopLagProbe().running() as probe:
+            model = fleet.endpoints[0].model
+            spec = LoadSpec(gateway_url, model, policy, options.plan.time_scale)
+            records = await run_load(spec, workload, bar.done)
     finally:
-        for task in (drawing, probing):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        drawing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await drawing
     after = await read_counters(client, fleet.endpoints)
     elapsed = time.perf_counter() - cpu_before[2]
     cpu = {
         "gateway_and_load_generator": (time.process_time() - cpu_before[0]) / elapsed,
-        "engines": (fleet.cpu_seconds() - cpu_before[1]) / elapsed,
+        "engines": (fleet.cpu_total() - cpu_before[1]) / elapsed,
     }
     engines = deltas(after, before)
     summary = summarize(policy, records, engines, options.plan.time_scale, probe.summary_ms(), cpu)
@@ -176,10 +182,10 @@ async def _run_policy(
     return summary, records
 
 
-def _intro(plan: DemoPlan, workload: ChatWorkload, spec: FleetSpec) -> str:
+def _intro(plan: DemoPlan, workload: ChatWorkload, spec: SimOptions) -> str:
     config = workload.config
     return (
-        f"kvgate demo: {spec.engines} simulated engines ({spec.gpu_blocks} KV blocks of 16 "
+        f"kvgate demo: {plan.engines} simulated engines ({spec.gpu_blocks} KV blocks of 16 "
         f"tokens each, time scale {spec.time_scale:g}), {config.sessions} chat sessions × "
         f"{config.turns} turns over {config.system_prompts} shared system prompts "
         f"(working set ≈ {workload.working_set_tokens():,} tokens), seed {config.seed}"
@@ -189,11 +195,11 @@ def _intro(plan: DemoPlan, workload: ChatWorkload, spec: FleetSpec) -> str:
 def _write_results(
     out_dir: Path,
     plan: DemoPlan,
-    spec: FleetSpec,
+    spec: SimOptions,
     runs: list[tuple[RunSummary, list[RequestRecord]]],
 ) -> list[Path]:
     document = {
-        "engines": spec.engines,
+        "engines": plan.engines,
         "gpu_blocks_per_engine": spec.gpu_blocks,
         "time_scale": spec.time_scale,
         "workload": asdict(plan.workload_config),

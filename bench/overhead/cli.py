@@ -164,7 +164,7 @@ async def bench(plan: Plan) -> tuple[dict[str, Any], Samples]:
                 )
             print(f"  throughput: {plan.duration_s:g} s per side...", flush=True)
             rps = await throughput(fleet, new, bodies, plan.rps_concurrency, plan.duration_s)
-            results["config"]["pids"] = {c.name: c.proc.pid for c in fleet.children}
+            results["config"]["pids"] = {c.name: c.pid for c in fleet.children}
     results["throughput"] = rps
     results["config"]["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     results.update(headline(results["cases"], rps))

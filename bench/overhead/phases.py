@@ -12,8 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.harness import MODEL
 from bench.overhead.channels import ChannelFactory, Timing
-from bench.overhead.fleet import MODEL, Fleet
+from bench.overhead.fleet import Fleet
 from bench.results_io import percentile
 
 WARM_UP = 10

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.results_io import print_table, pyplot
+from bench.results_io import figure, print_table
 
 TARGETS = {
     "added_p50_ms_c1": ("<=", 1.0),
@@ -67,37 +67,33 @@ def _busiest(cores: dict[str, float]) -> str:
 
 
 def plot(path: Path, samples: Samples, results: dict[str, Any]) -> None:
-    plt = pyplot(path)
     panels = {
         "c1": "round-robin, concurrency 1",
         "c32": "round-robin, concurrency 32",
         "c1_tokenized_distinct": "prefix-cache, c=1, distinct prompts",
         "stream": "time to first streamed chunk, c=1",
     }
-    figure, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for axis, (key, title) in zip(axes.flat, panels.items(), strict=True):
-        lines = [("direct", "-", samples[key][0]), ("via gateway", "-", samples[key][1])]
-        if key == "c1":
-            direct_run, relay = samples["c1_relay"]
-            lines.append(("direct (relay run)", "--", direct_run))
-            lines.append(("via a byte relay", "--", relay))
-        for label, style, values in lines:
-            ordered = sorted(values)
-            fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
-            axis.plot(ordered, fractions, style, label=label)
-        axis.set_xscale("log")
-        axis.set_xlabel("ms")
-        axis.set_ylabel("fraction of requests")
-        axis.set_title(title)
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
-    figure.suptitle(
-        f"kvgate overhead (latency CDFs); max {results['max_rps_gateway']:,.0f} req/s via the "
-        f"gateway, {results['max_rps_direct']:,.0f} direct"
-    )
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    with figure(path, 2, 2, figsize=(11, 7), dpi=110) as (fig, axes):
+        for axis, (key, title) in zip(axes.flat, panels.items(), strict=True):
+            lines = [("direct", "-", samples[key][0]), ("via gateway", "-", samples[key][1])]
+            if key == "c1":
+                direct_run, relay = samples["c1_relay"]
+                lines.append(("direct (relay run)", "--", direct_run))
+                lines.append(("via a byte relay", "--", relay))
+            for label, style, values in lines:
+                ordered = sorted(values)
+                fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+                axis.plot(ordered, fractions, style, label=label)
+            axis.set_xscale("log")
+            axis.set_xlabel("ms")
+            axis.set_ylabel("fraction of requests")
+            axis.set_title(title)
+            axis.grid(True, which="both", alpha=0.3)
+            axis.legend()
+        fig.suptitle(
+            f"kvgate overhead (latency CDFs); max {results['max_rps_gateway']:,.0f} req/s via the "
+            f"gateway, {results['max_rps_direct']:,.0f} direct"
+        )
 
 
 def print_profile(path: Path, top: int = 30) -> None:

@@ -17,15 +17,12 @@ cache needs more engine time per request and saturates earlier.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
-import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.demo.fleet import EngineEndpoint, FleetSpec, SimFleet
+from bench.harness import SimOptions, SimProcess
 from bench.routing.script import Script
 from simulator.latency import LatencyModel
 
@@ -129,55 +126,15 @@ def capacity_rps(script: Script, plan: FleetPlan) -> float:
     return sum(1 / (slow if plan.slow(i) else fast) for i in range(plan.engines))
 
 
-class _OneEngine(SimFleet):
-    """One engine process, with its own name and the plan's latency model."""
-
-    def __init__(self, spec: FleetSpec, log_path: Path, name: str, extra: list[str]) -> None:
-        super().__init__(spec, log_path)
-        self._name = name
-        self._extra = extra
-
-    def command(self, base_port: int) -> list[str]:
-        return [*super().command(base_port), "--name", self._name, *self._extra]
-
-
-class EngineProcesses:
-    """`plan.engines` engine processes; `endpoints` once started; `stop()` ends them all."""
-
-    def __init__(self, plan: FleetPlan, log_dir: Path, seed: int) -> None:
-        self.plan = plan
-        self._engines = [
-            _OneEngine(
-                FleetSpec(1, plan.gpu_blocks, plan.time_scale, plan.max_batch, seed + index),
-                log_dir / f"engine-{index}.log",
-                f"e{index}",
-                plan.sim_args(index),
-            )
-            for index in range(plan.engines)
-        ]
-
-    @property
-    def endpoints(self) -> list[EngineEndpoint]:
-        return [endpoint for engine in self._engines for endpoint in engine.endpoints]
-
-    def pids(self) -> list[int]:
-        return [engine.pid for engine in self._engines if engine.pid is not None]
-
-    def cpu_seconds(self) -> float:
-        return sum(engine.cpu_seconds() for engine in self._engines)
-
-    async def start(self, rng: random.Random) -> None:
-        try:
-            # One at a time: each picks free ports after the previous one bound its own.
-            for engine in self._engines:
-                await engine.start(rng)
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def stop(self) -> None:
-        await asyncio.gather(*(engine.stop() for engine in self._engines))
-
-
-def urls(endpoints: Sequence[EngineEndpoint]) -> list[str]:
-    return [endpoint.url for endpoint in endpoints]
+def engine_processes(plan: FleetPlan, log_dir: Path, seed: int) -> list[SimProcess]:
+    """`plan.engines` engine processes, each with its own name, seed and latency model."""
+    return [
+        SimProcess(
+            SimOptions(plan.gpu_blocks, plan.time_scale, plan.max_batch, seed=seed + index,
+                       extra=tuple(plan.sim_args(index))),
+            log_dir / f"engine-{index}.log",
+            fleet=1,
+            name=f"e{index}",
+        )
+        for index in range(plan.engines)
+    ]  # fmt: skip

@@ -20,7 +20,6 @@ between a request's later chunks.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness import RequestRecord, post_chat
 from bench.routing.script import Conversation, Script, schedule
 from bench.routing.workloads import WorkloadSize, build
 
@@ -78,50 +78,13 @@ class RouterUrls:
         return url
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    conversation: str
-    tag: str
-    turn: int
-    status: int
-    error: str | None
-    started: float
-    ttft_s: float | None
-    e2e_s: float
-    itl_s: float | None
-    chunks: int
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    predicted_ttft_s: float | None = None
-    """kvgate's prediction for the pod that served (`x-kvgate-predicted-ttft-ms`), if any."""
-
-
-class _Stream:
-    def __init__(self, started: float) -> None:
-        self.started = started
-        self.token_times: list[float] = []
-        self.usage: dict[str, Any] = {}
-
-    def feed(self, line: str) -> None:
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            return
-        chunk = json.loads(line[6:])
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if (choice.get("delta") or {}).get("content"):
-                self.token_times.append(time.perf_counter())
-                break
-
-
 async def send(
     client: httpx.AsyncClient,
     spec: LoadSpec,
     conversation: Conversation,
     index: int,
     router: Callable[[], str],
-) -> Record:
+) -> RequestRecord:
     turn = conversation.turns[index]
     body = {
         "model": spec.model,
@@ -131,61 +94,18 @@ async def send(
         "stream_options": {"include_usage": True},
     }
     headers = {"x-session-id": conversation.conversation_id}
-    started = time.perf_counter()
-    stream = _Stream(started)
-    status, error = 0, None
-    predicted: float | None = None
-    try:
-        url = f"{router()}/v1/chat/completions"
-        async with client.stream("POST", url, json=body, headers=headers) as response:
-            status = response.status_code
-            predicted = _seconds(response.headers.get("x-kvgate-predicted-ttft-ms"))
-            if status != 200:
-                error = f"HTTP {status}: {(await response.aread())[:200]!r}"
-            else:
-                async for line in response.aiter_lines():
-                    stream.feed(line)
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    finished = time.perf_counter()
-    times = stream.token_times
-    if error is None and not times:
+    answer = await post_chat(client, f"{router()}/v1/chat/completions", body, headers)
+    error = answer.error
+    if error is None and not answer.token_times:
         error = "no generated text in the stream"
-    usage = stream.usage
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
-    return Record(
-        conversation=conversation.conversation_id,
-        tag=conversation.tag,
+    return RequestRecord.of(
+        answer, error=error, conversation=conversation.conversation_id, tag=conversation.tag,
         turn=index,
-        status=status,
-        error=error,
-        started=started,
-        ttft_s=times[0] - started if times else None,
-        e2e_s=finished - started,
-        itl_s=sum(gaps) / len(gaps) if gaps else None,
-        chunks=len(times),
-        prompt_tokens=_int(usage.get("prompt_tokens")),
-        cached_tokens=_int(cached),
-        completion_tokens=_int(usage.get("completion_tokens")),
-        predicted_ttft_s=predicted,
-    )
+    )  # fmt: skip
 
 
-def _seconds(milliseconds: str | None) -> float | None:
-    try:
-        return float(milliseconds) / 1e3 if milliseconds is not None else None
-    except ValueError:
-        return None
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-async def run(spec: LoadSpec, script: Script) -> list[Record]:
-    records: list[Record] = []
+async def run(spec: LoadSpec, script: Script) -> list[RequestRecord]:
+    records: list[RequestRecord] = []
     scale = spec.time_scale
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)

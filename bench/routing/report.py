@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-from bench.results_io import pyplot
+from bench.results_io import figure
 from bench.routing.summary import RunResult
 
 ORACLE = "oracle"
@@ -159,33 +161,39 @@ def plot_all(
 def _plot_predictions(
     path: Path, results: Sequence[RunResult], pairs: dict[str, list[tuple[float, float]]]
 ) -> Path:
-    plt = pyplot(path)
     workloads = sorted({r.workload for r in results if pairs.get(_key(r))})
-    figure, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4.5), squeeze=False)
-    for axis, workload in zip(axes[0], workloads, strict=True):
-        high = 1.0
-        for r in results:
-            points = pairs.get(_key(r), [])
-            if r.workload != workload or not points:
-                continue
-            observed = [max(p[0], 1e-3) for p in points]
-            predicted = [max(p[1], 1e-3) for p in points]
-            axis.scatter(
-                predicted, observed, s=4, alpha=0.4, label=f"{r.label} ({r.load or 0:.0%})"
-            )
-            high = max(high, *observed, *predicted)
-        axis.plot([1, high], [1, high], color="black", linewidth=0.8, linestyle="--")
-        axis.set_xscale("log")
-        axis.set_yscale("log")
-        axis.set_xlabel("predicted TTFT, model ms (log)")
-        axis.set_ylabel("observed TTFT, model ms (log)")
-        axis.set_title(f"{workload}: observed vs predicted TTFT")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8, markerscale=3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    with _per_workload(path, workloads, width=5) as axes:
+        for axis, workload in zip(axes[0], workloads, strict=True):
+            high = 1.0
+            for r in results:
+                points = pairs.get(_key(r), [])
+                if r.workload != workload or not points:
+                    continue
+                observed = [max(p[0], 1e-3) for p in points]
+                predicted = [max(p[1], 1e-3) for p in points]
+                axis.scatter(
+                    predicted, observed, s=4, alpha=0.4, label=f"{r.label} ({r.load or 0:.0%})"
+                )
+                high = max(high, *observed, *predicted)
+            axis.plot([1, high], [1, high], color="black", linewidth=0.8, linestyle="--")
+            axis.set_xscale("log")
+            axis.set_yscale("log")
+            axis.set_xlabel("predicted TTFT, model ms (log)")
+            axis.set_ylabel("observed TTFT, model ms (log)")
+            axis.set_title(f"{workload}: observed vs predicted TTFT")
+            axis.grid(True, which="both", alpha=0.3)
+            axis.legend(fontsize=8, markerscale=3)
     return path
+
+
+@contextlib.contextmanager
+def _per_workload(
+    path: Path, workloads: Sequence[str], *, rows: int = 1, width: float = 6, height: float = 4.5
+) -> Iterator[Any]:
+    """A figure with a column of `rows` panels per workload; yields the panels' grid."""
+    size = (width * len(workloads), height)
+    with figure(path, rows, len(workloads), figsize=size, squeeze=False, dpi=100) as (_, axes):
+        yield axes
 
 
 def _key(result: RunResult) -> str:
@@ -193,79 +201,69 @@ def _key(result: RunResult) -> str:
 
 
 def _plot_cdf(path: Path, results: Sequence[RunResult], ttfts: dict[str, list[float]]) -> Path:
-    plt = pyplot(path)
     workloads = sorted({r.workload for r in results})
-    figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
-    for axis, workload in zip(axes[0], workloads, strict=True):
-        loads = sorted({r.load or 0.0 for r in results if r.workload == workload})
-        shown = min(loads, key=lambda x: abs(x - 0.8))  # the headline load
-        for r in results:
-            values = sorted(ttfts.get(_key(r), []))
-            if r.workload != workload or (r.load or 0.0) != shown or not values:
-                continue
-            axis.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=r.label)
-        axis.set_xscale("log")
-        axis.set_xlabel("TTFT, model ms (log)")
-        axis.set_ylabel("fraction of requests")
-        axis.set_title(f"{workload}: TTFT CDF at load {shown:.0%}")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    with _per_workload(path, workloads) as axes:
+        for axis, workload in zip(axes[0], workloads, strict=True):
+            loads = sorted({r.load or 0.0 for r in results if r.workload == workload})
+            shown = min(loads, key=lambda x: abs(x - 0.8))  # the headline load
+            for r in results:
+                values = sorted(ttfts.get(_key(r), []))
+                if r.workload != workload or (r.load or 0.0) != shown or not values:
+                    continue
+                axis.plot(
+                    values, [(i + 1) / len(values) for i in range(len(values))], label=r.label
+                )
+            axis.set_xscale("log")
+            axis.set_xlabel("TTFT, model ms (log)")
+            axis.set_ylabel("fraction of requests")
+            axis.set_title(f"{workload}: TTFT CDF at load {shown:.0%}")
+            axis.grid(True, which="both", alpha=0.3)
+            axis.legend(fontsize=8)
     return path
 
 
 def _plot_vs_load(path: Path, results: Sequence[RunResult]) -> Path:
-    plt = pyplot(path)
     workloads = sorted({r.workload for r in results})
-    figure, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
-    for column, workload in enumerate(workloads):
-        for router in dict.fromkeys(r.label for r in results if r.workload == workload):
-            points = sorted(
-                (r.load or 0.0, r.hit_rate * 100, r.ttft_ms["p90"])
-                for r in results
-                if r.workload == workload and r.label == router
-            )
-            loads = [p[0] * 100 for p in points]
-            axes[0][column].plot(loads, [p[1] for p in points], marker="o", label=router)
-            axes[1][column].plot(loads, [p[2] for p in points], marker="o", label=router)
-        axes[0][column].set_title(f"{workload}: prompt-cache hit rate vs offered load")
-        axes[0][column].set_ylabel("hit rate, %")
-        axes[1][column].set_title(f"{workload}: TTFT p90 vs offered load")
-        axes[1][column].set_ylabel("TTFT p90, model ms (log)")
-        axes[1][column].set_yscale("log")
-        for axis in (axes[0][column], axes[1][column]):
-            axis.set_xlabel("offered load, % of ideal fleet capacity")
-            axis.grid(True, alpha=0.3)
-            axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    with _per_workload(path, workloads, rows=2, height=8) as axes:
+        for column, workload in enumerate(workloads):
+            for router in dict.fromkeys(r.label for r in results if r.workload == workload):
+                points = sorted(
+                    (r.load or 0.0, r.hit_rate * 100, r.ttft_ms["p90"])
+                    for r in results
+                    if r.workload == workload and r.label == router
+                )
+                loads = [p[0] * 100 for p in points]
+                axes[0][column].plot(loads, [p[1] for p in points], marker="o", label=router)
+                axes[1][column].plot(loads, [p[2] for p in points], marker="o", label=router)
+            axes[0][column].set_title(f"{workload}: prompt-cache hit rate vs offered load")
+            axes[0][column].set_ylabel("hit rate, %")
+            axes[1][column].set_title(f"{workload}: TTFT p90 vs offered load")
+            axes[1][column].set_ylabel("TTFT p90, model ms (log)")
+            axes[1][column].set_yscale("log")
+            for axis in (axes[0][column], axes[1][column]):
+                axis.set_xlabel("offered load, % of ideal fleet capacity")
+                axis.grid(True, alpha=0.3)
+                axis.legend(fontsize=8)
     return path
 
 
 def _plot_share(path: Path, results: Sequence[RunResult]) -> Path:
-    plt = pyplot(path)
     shown = [r for r in results if r.load is None or abs((r.load or 0) - _headline(results)) < 1e-9]
     workloads = sorted({r.workload for r in shown})
-    figure, axes = plt.subplots(1, len(workloads), figsize=(6 * len(workloads), 4.5), squeeze=False)
-    for axis, workload in zip(axes[0], workloads, strict=True):
-        runs = [r for r in shown if r.workload == workload]
-        engines = sorted({e for r in runs for e in r.engine_share})
-        width = 0.8 / max(1, len(engines))
-        for index, engine in enumerate(engines):
-            xs = [i + index * width for i in range(len(runs))]
-            axis.bar(xs, [r.engine_share.get(engine, 0) * 100 for r in runs], width)
-        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(runs))])
-        axis.set_xticklabels([r.label for r in runs], rotation=30, ha="right", fontsize=8)
-        if engines:
-            axis.axhline(100 / len(engines), color="black", linewidth=0.8, linestyle="--")
-        axis.set_ylabel("share of requests, % (one bar per engine)")
-        axis.set_title(f"{workload}: per-engine load share")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    with _per_workload(path, workloads) as axes:
+        for axis, workload in zip(axes[0], workloads, strict=True):
+            runs = [r for r in shown if r.workload == workload]
+            engines = sorted({e for r in runs for e in r.engine_share})
+            width = 0.8 / max(1, len(engines))
+            for index, engine in enumerate(engines):
+                xs = [i + index * width for i in range(len(runs))]
+                axis.bar(xs, [r.engine_share.get(engine, 0) * 100 for r in runs], width)
+            axis.set_xticks([i + 0.4 - width / 2 for i in range(len(runs))])
+            axis.set_xticklabels([r.label for r in runs], rotation=30, ha="right", fontsize=8)
+            if engines:
+                axis.axhline(100 / len(engines), color="black", linewidth=0.8, linestyle="--")
+            axis.set_ylabel("share of requests, % (one bar per engine)")
+            axis.set_title(f"{workload}: per-engine load share")
     return path
 
 

@@ -22,23 +22,23 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 import random
 import secrets
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import httpx
 
-from bench.demo.fleet import EngineEndpoint, free_port_block
-from bench.demo.gateway import AdminClient
-from bench.processes import die_with_parent, log_tail, stop_group
+from bench.harness import (
+    AdminClient,
+    ChildProcess,
+    EngineEndpoint,
+    free_port_block,
+    serve_command,
+    wait_http,
+)
 
 KVGATE_POLICIES = (
     "prefix-cache", "least-request", "round-robin", "random", "prefix-share", "predicted-latency"
@@ -54,75 +54,43 @@ BASELINES = {"oracle": "bench.routing.oracle", "sticky-rr": "bench.routing.stick
 VENVS = Path(__file__).resolve().parent.parent / ".venvs"
 
 
-class RouterError(RuntimeError):
-    """A router did not start (its log tail is in the message)."""
+class RouterProcess(ChildProcess):
+    """A router under test on `port`; `wait_ready()` once every router of a run started."""
 
-
-@dataclass(slots=True)
-class RouterProcess:
-    name: str
-    command: list[str]
-    log_path: Path
-    port: int
-    env: dict[str, str] = field(default_factory=dict)
-    admin_token: str | None = None
-    _process: asyncio.subprocess.Process | None = None
-    _log: IO[bytes] | None = None
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        log_path: Path,
+        port: int,
+        env: dict[str, str] | None = None,
+        admin_token: str | None = None,
+    ) -> None:
+        super().__init__(name, log_path)
+        self.command = command
+        self.port = port
+        self.env = env or {}
+        self.admin_token = admin_token
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
     async def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._process = await asyncio.create_subprocess_exec(
-            *self.command,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=asyncio.subprocess.DEVNULL,
-            env={**os.environ, **self.env},
-            start_new_session=True,
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
-        )
+        await self.spawn(self.command, env=self.env)
 
     async def wait_ready(self, client: httpx.AsyncClient, timeout_s: float = 60.0) -> None:
-        try:
-            async with asyncio.timeout(timeout_s):
-                while not await self._ready(client):
-                    if self._process is not None and self._process.returncode is not None:
-                        raise RouterError(f"{self.name} exited: {self.log_tail()}")
-                    await asyncio.sleep(0.1)
-        except TimeoutError as exc:
-            raise RouterError(f"{self.name} not ready in {timeout_s} s: {self.log_tail()}") from exc
+        await wait_http(f"{self.url}/health", self, timeout_s=timeout_s, interval_s=0.1)
+        if self.name in PEERS:  # workers registered: the model is listed
+            models = f"{self.url}/v1/models"
+            await wait_http(models, self, timeout_s=timeout_s, accept=_lists_a_model)
         if self.admin_token is not None:  # kvgate: every subscriber live, whole, empty
             admin = AdminClient(client, self.url, self.admin_token)
             await admin.wait_whole(empty=True, timeout_s=timeout_s)
 
-    async def _ready(self, client: httpx.AsyncClient) -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            if (await client.get(f"{self.url}/health", timeout=2.0)).status_code != 200:
-                return False
-            if self.name in PEERS:  # workers registered: the model is listed
-                models = await client.get(f"{self.url}/v1/models", timeout=2.0)
-                return models.status_code == 200 and bool(models.json().get("data"))
-            return True
-        return False
 
-    def log_tail(self, lines: int = 15) -> str:
-        return log_tail(self.log_path, lines)
-
-    async def stop(self, grace_s: float = 5.0) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            await stop_group(process, grace_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+def _lists_a_model(response: httpx.Response) -> bool:
+    return bool(response.json().get("data"))
 
 
 def make_router(
@@ -140,10 +108,7 @@ def make_router(
     log = log_dir / (f"router-{name}.log" if replica is None else f"router-{name}-{replica}.log")
     if name in KVGATE_POLICIES:
         token = secrets.token_urlsafe(12)
-        command = [
-            sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods_file),
-            "--port", str(port), "--policy", name, "--log-level", "warning",
-        ]  # fmt: skip
+        command = serve_command(pods_file, port, name)
         return RouterProcess(name, command, log, port, {"KVGATE_ADMIN_TOKEN": token}, token)
     if name in BASELINES:
         command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port), block_hash]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import random
 import sys
 import time
@@ -23,10 +22,17 @@ from typing import Any
 
 import httpx
 
-from bench.demo.engine_stats import deltas, read_counters
-from bench.demo.gateway import AdminClient, write_pods_file
+from bench.harness import (
+    ChildProcess,
+    RequestRecord,
+    SimProcess,
+    endpoints_of,
+    start_all,
+    write_pods_file,
+)
+from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
 from bench.results_io import write_json
-from bench.routing.fleet import EngineProcesses, FleetPlan, capacity_rps, plan_fleet, urls
+from bench.routing.fleet import FleetPlan, capacity_rps, engine_processes, plan_fleet
 from bench.routing.loadgen import LoadSpec
 from bench.routing.report import (
     check_targets,
@@ -35,12 +41,7 @@ from bench.routing.report import (
     prediction_lines,
     title,
 )
-from bench.routing.routers import (
-    KVGATE_POLICIES,
-    RouterProcess,
-    make_router,
-    needs_vllm_like_engines,
-)
+from bench.routing.routers import KVGATE_POLICIES, make_router, needs_vllm_like_engines
 from bench.routing.script import Script
 from bench.routing.summary import RunResult, summarize
 from bench.routing.workloads import WorkloadSize, build, slowdown
@@ -92,10 +93,11 @@ async def _main(options: RoutingOptions) -> int:
                 plan = plan.vllm_like()
             plans[workload] = _describe(script, plan, capacity)
             _say(options, _intro(script, plan, capacity))
-            engines = EngineProcesses(plan, logs / workload, options.seed)
+            engines = engine_processes(plan, logs / workload, options.seed)
             try:
-                await engines.start(rng)
-                pods = write_pods_file(logs / workload / "pods.json", engines.endpoints, plan.topic)
+                await start_all(engines, rng)
+                endpoints = endpoints_of(engines)
+                pods = write_pods_file(logs / workload / "pods.json", endpoints, plan.topic)
                 points = options.loads if options.mode == "open" else [None]
                 for load in points:
                     rate = (load or 0.0) * capacity
@@ -121,7 +123,7 @@ async def _main(options: RoutingOptions) -> int:
                         print("targets:")
                         print("\n".join(targets))
             finally:
-                await engines.stop()
+                await asyncio.gather(*(engine.stop() for engine in engines))
     document = {
         "options": {**dataclasses.asdict(options), "out_dir": str(options.out_dir)},
         "fleets": plans,
@@ -138,7 +140,7 @@ async def _run_one(
     client: httpx.AsyncClient,
     script: Script,
     plan: FleetPlan,
-    engines: EngineProcesses,
+    engines: list[SimProcess],
     pods: Path,
     router_name: str,
     load: float | None,
@@ -146,8 +148,8 @@ async def _run_one(
     replicas: int = 1,
     shared: bool = False,
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
-    endpoints = engines.endpoints
-    await AdminClient(client, "", "").reset_engine_caches(urls(endpoints))
+    endpoints = endpoints_of(engines)
+    await reset_prefix_caches(client, [e.url for e in endpoints])
     logs = options.out_dir / "logs" / script.name
     routers = [
         make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,
@@ -178,12 +180,12 @@ async def _run_one(
             concurrency=options.concurrency,
             time_scale=plan.time_scale,
         )
-        cpu_before = (engines.cpu_seconds(), _cpu_of(routers), time.perf_counter())
+        cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""
         records = await _load(spec, logs / f"load-{router_name}{suffix}-{load}")
         wall = time.perf_counter() - cpu_before[2]
         cpu = {
-            "engines": (engines.cpu_seconds() - cpu_before[0]) / wall,
+            "engines": (_cpu_of(engines) - cpu_before[0]) / wall,
             "router": (_cpu_of(routers) - cpu_before[1]) / wall,
         }
         after = await read_counters(client, endpoints)
@@ -207,34 +209,29 @@ async def _run_one(
         cpu_cores=cpu,
         router_cpu_ms_per_request=cpu["router"] * wall / answered * 1e3,
     )
-    ttfts = [r["ttft_s"] * plan.time_scale * 1e3 for r in records if r["ttft_s"] is not None]
+    scale = plan.time_scale * 1e3
+    ttfts = [r.ttft_s * scale for r in records if r.ttft_s is not None]
     pairs = [
-        (r["ttft_s"] * plan.time_scale * 1e3, r["predicted_ttft_s"] * plan.time_scale * 1e3)
+        (r.ttft_s * scale, r.predicted_ttft_s * scale)
         for r in records
-        if r["ttft_s"] is not None and r.get("predicted_ttft_s") is not None
+        if r.ttft_s is not None and r.predicted_ttft_s is not None
     ]
     return result, ttfts, pairs
 
 
-async def _load(spec: LoadSpec, stem: Path) -> list[dict[str, Any]]:
+async def _load(spec: LoadSpec, stem: Path) -> list[RequestRecord]:
     """The load generator in its own process; its records."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = stem.with_suffix(".spec.json"), stem.with_suffix(".records.json")
     spec_path.write_text(json.dumps(spec.to_json()))
-    with stem.with_suffix(".log").open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.routing.loadgen", str(spec_path), str(out_path),
-            stdout=log, stderr=log, stdin=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            code = await process.wait()
-        except BaseException:
-            process.kill()
-            await process.wait()
-            raise
+    process = ChildProcess("load generator", stem.with_suffix(".log"))
+    await process.spawn([sys.executable, "-m", "bench.routing.loadgen", str(spec_path),
+                         str(out_path)])  # fmt: skip
+    code = await process.wait()
+    await process.stop()
     if code != 0:
         raise RuntimeError(f"load generator failed ({code}): see {stem.with_suffix('.log')}")
-    records: list[dict[str, Any]] = json.loads(out_path.read_text())
+    records = [RequestRecord(**r) for r in json.loads(out_path.read_text())]
     out_path.unlink()
     return records
 
@@ -248,20 +245,9 @@ def _runs(options: RoutingOptions) -> list[tuple[str, tuple[int, bool]]]:
     ]
 
 
-def _cpu_of(routers: Sequence[RouterProcess]) -> float:
-    """CPU seconds of every replica of the router under test."""
-    return sum(_cpu(router.pid) for router in routers)
-
-
-def _cpu(pid: int | None) -> float:
-    """CPU seconds (user + system) of `pid` and its reaped children; 0 when unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+def _cpu_of(processes: Sequence[ChildProcess]) -> float:
+    """CPU seconds of these processes and their reaped children (0 for one not known)."""
+    return sum(p.cpu_seconds(with_children=True) or 0.0 for p in processes)
 
 
 def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any]:

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.demo.engine_stats import EngineCounters, hit_rate
+from bench.harness import RequestRecord
+from bench.harness.engine_stats import EngineCounters, hit_rate
 from bench.results_io import percentile
 
 
@@ -90,28 +91,28 @@ def summarize(
     router: str,
     load: float | None,
     rate_rps: float,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[RequestRecord],
     engines: Mapping[str, EngineCounters],
     time_scale: float,
 ) -> RunResult:
-    ok = [r for r in records if r["error"] is None and r["ttft_s"] is not None]
+    ok = [r for r in records if r.error is None and r.ttft_s is not None]
     scale_ms = time_scale * 1e3
-    ttfts = [r["ttft_s"] for r in ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     if records:
-        first = min(r["started"] for r in records)
-        last = max(r["started"] + r["e2e_s"] for r in records)
+        first = min(r.started for r in records)
+        last = max(r.ended for r in records)
         duration = last - first
     else:
         duration = 0.0
     model_duration = duration * time_scale
-    prompt = sum(r["prompt_tokens"] for r in ok)
+    prompt = sum(r.prompt_tokens for r in ok)
     finished = {name: c.requests for name, c in sorted(engines.items())}
     total = sum(finished.values())
     share = {name: n / total if total else 0.0 for name, n in finished.items()}
     mean = total / len(finished) if finished else 0.0
     by_tag: dict[str, dict[str, float]] = {}
-    for tag in sorted({r["tag"] for r in records}):
-        tagged = [r["ttft_s"] for r in ok if r["tag"] == tag]
+    for tag in sorted({r.tag for r in records}):
+        tagged = [r.ttft_s for r in ok if r.tag == tag and r.ttft_s is not None]
         stats = _stats(tagged, scale_ms)
         by_tag[tag] = {"requests": len(tagged), "ttft_p50": stats["p50"], "ttft_p90": stats["p90"]}
     return RunResult(
@@ -122,28 +123,28 @@ def summarize(
         requests=len(records),
         errors=len(records) - len(ok),
         ttft_ms=_stats(ttfts, scale_ms),
-        itl_ms=_stats([r["itl_s"] for r in ok if r["itl_s"] is not None], scale_ms),
-        e2e_ms=_stats([r["e2e_s"] for r in ok], scale_ms),
+        itl_ms=_stats([r.itl_s for r in ok if r.itl_s is not None], scale_ms),
+        e2e_ms=_stats([r.e2e_s for r in ok], scale_ms),
         throughput_rps=len(ok) / model_duration if model_duration > 0 else 0.0,
         output_tokens_per_s=(
-            sum(r["completion_tokens"] for r in ok) / model_duration if model_duration else 0.0
+            sum(r.completion_tokens for r in ok) / model_duration if model_duration else 0.0
         ),
         hit_rate=hit_rate(engines),
-        client_cached_fraction=sum(r["cached_tokens"] for r in ok) / prompt if prompt else 0.0,
+        client_cached_fraction=sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
         engine_share=share,
         imbalance=max(finished.values()) / mean if mean else math.nan,
         by_tag=by_tag,
         duration_s=duration,
-        first_errors=[r["error"] for r in records if r["error"] is not None][:3],
+        first_errors=[r.error for r in records if r.error is not None][:3],
         prediction=_prediction(ok, scale_ms),
     )
 
 
-def _prediction(ok: Sequence[Mapping[str, Any]], scale_ms: float) -> dict[str, float]:
+def _prediction(ok: Sequence[RequestRecord], scale_ms: float) -> dict[str, float]:
     pairs = [
-        (r["ttft_s"], r["predicted_ttft_s"])
+        (r.ttft_s, r.predicted_ttft_s)
         for r in ok
-        if r.get("predicted_ttft_s") is not None and r["ttft_s"] > 0
+        if r.predicted_ttft_s is not None and r.ttft_s is not None and r.ttft_s > 0
     ]
     if not pairs:
         return {}

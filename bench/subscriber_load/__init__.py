@@ -2,11 +2,12 @@
 
 The gateway side (a `SubscriberManager` feeding an `IndexSink` over a `SyncPrefixHashTable`,
 as `kvgate serve` runs it) lives in this process. Each simulated engine is a separate
-process (multiprocessing, spawn) that drives the simulator's own paged prefix cache, event
-collector, vLLM wire encoder and `EventPublisher` (PUB + replay ROUTER on loopback ports it
-binds itself): every step serves a few requests (shared system prompts, continued
-conversations, unique tails), and the cache changes of that step — BlockStored chains with
-their parents, BlockRemoved evictions once the cache is full — are one vLLM batch.
+process (`python -m bench.subscriber_load.engines`, driven over its stdin and stdout) that
+drives the simulator's own paged prefix cache, event collector, vLLM wire encoder and
+`EventPublisher` (PUB + replay ROUTER on loopback ports it binds itself): every step
+serves a few requests (shared system prompts, continued conversations, unique tails), and
+the cache changes of that step — BlockStored chains with their parents, BlockRemoved
+evictions once the cache is full — are one vLLM batch.
 
 Phases (the subscriber stays live throughout):
 1. live (`--seconds`): every engine steps its cache and publishes each batch at once, as

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.results_io import add_output_arguments, write_json
@@ -139,7 +140,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _bench(config: BenchConfig) -> tuple[dict[str, Any], Gateway]:
-    processes = await spawn(config.publisher_specs())
+    with tempfile.TemporaryDirectory(prefix="kvgate-subscriber-") as logs:
+        return await _with_engines(config, Path(logs) / "engines.log")
+
+
+async def _with_engines(config: BenchConfig, log: Path) -> tuple[dict[str, Any], Gateway]:
+    processes = await spawn(config.publisher_specs(), log)
     try:
         *fleet, overrun_engine = processes
         t0 = time.monotonic()
@@ -147,16 +153,10 @@ async def _bench(config: BenchConfig) -> tuple[dict[str, Any], Gateway]:
         sink = CountingSink(IndexSink(table), t0)
         async with SubscriberManager(sink) as manager:
             gateway = Gateway(manager, sink, t0)
-            probe = asyncio.create_task(gateway.probe_loop(), name="bench-loop-probe")
-            try:
+            async with gateway.probe.running():
                 results = await _phases(gateway, fleet, overrun_engine, config)
-            finally:
-                probe.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await probe
     finally:
-        for process in processes:
-            process.stop()
+        await asyncio.gather(*(process.stop() for process in processes))
     return results, gateway
 
 

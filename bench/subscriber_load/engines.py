@@ -1,19 +1,20 @@
-"""The simulated engines: one child process each (multiprocessing, spawn), publishing the
-batches of its `Workload` with the simulator's `EventPublisher`, driven over a pipe."""
+"""The simulated engines: one child process each, publishing the batches of its `Workload`
+with the simulator's `EventPublisher`, driven by JSON lines over its stdin and stdout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import multiprocessing
+import json
+import sys
 import time
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
 
+from bench.harness import ChildProcess
 from bench.subscriber_load.workload import MODEL, TOPIC, PublisherSpec, Workload
 from simulator.publisher import EventPublisher
 from subscriber import PodEndpoint
@@ -121,12 +122,12 @@ class _Engine:
         }
 
 
-def _publisher_main(spec: PublisherSpec, conn: Connection) -> None:
-    """Entry point of an engine process."""
-    asyncio.run(_publisher_loop(spec, conn))
-
-
-async def _publisher_loop(spec: PublisherSpec, conn: Connection) -> None:
+async def _publisher_loop(spec: PublisherSpec) -> None:
+    """An engine process: its endpoints as the first line on stdout, then one JSON answer
+    line per JSON command line on stdin, until `stop` or the end of stdin."""
+    loop = asyncio.get_running_loop()
+    commands = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
     context = zmq.asyncio.Context()
     publisher = EventPublisher(
         context,
@@ -137,77 +138,70 @@ async def _publisher_loop(spec: PublisherSpec, conn: Connection) -> None:
     )
     await publisher.start()
     try:
-        conn.send({"events": publisher.events_endpoint, "replay": publisher.replay_endpoint})
+        _answer({"events": publisher.events_endpoint, "replay": publisher.replay_endpoint})
         engine = _Engine(Workload(spec), publisher)
-        while True:
-            command = await _receive(conn)
-            if command[0] == "stop":
-                break
-            conn.send(await engine.handle(command))
+        while (line := await commands.readline()) and (command := json.loads(line))[0] != "stop":
+            _answer(await engine.handle(tuple(command)))
     finally:
         await publisher.stop()
         context.destroy(linger=0)
-        conn.close()
 
 
-async def _receive(conn: Connection, timeout_s: float | None = None) -> Any:
-    """`conn.recv()` without blocking the event loop (replays and subscribers keep running)."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    while not conn.poll():
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"no answer from an engine process within {timeout_s} s")
-        await asyncio.sleep(0.002)
-    return conn.recv()
+def _answer(answer: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
 
 
-@dataclass
-class EngineProcess:
-    name: str
-    process: BaseProcess
-    conn: Connection
-    endpoint: PodEndpoint
+class EngineProcess(ChildProcess):
+    """One engine process (`python -m bench.subscriber_load.engines SPEC`), driven by
+    commands (see `_Engine`) over its stdin and stdout."""
+
+    def __init__(self, spec: PublisherSpec, log_path: Path) -> None:
+        super().__init__(spec.name, log_path)
+        self.spec = spec
+        self.endpoint = PodEndpoint(spec.name, MODEL, events="", topic=TOPIC)
+
+    async def start(self, timeout_s: float = 60.0) -> None:
+        module = [sys.executable, "-m", "bench.subscriber_load.engines"]
+        await self.spawn([*module, json.dumps(asdict(self.spec))], pipe=True, stdin=True)
+        hello = await self._read(timeout_s)
+        self.endpoint = replace(self.endpoint, events=hello["events"], replay=hello["replay"])
 
     async def ask(
         self, *command: Any, timeout_s: float | None = CATCH_UP_TIMEOUT_S
     ) -> dict[str, Any]:
         """Send a command; its answer (EOFError if the engine process died)."""
-        self.conn.send(command)
-        answer: dict[str, Any] = await _receive(self.conn, timeout_s)
+        await self.write_line(json.dumps(command))
+        return await self._read(timeout_s)
+
+    async def _read(self, timeout_s: float | None) -> dict[str, Any]:
+        try:
+            line = await asyncio.wait_for(self.readline(), timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"no answer from an engine process within {timeout_s} s") from None
+        if not line:
+            raise EOFError(f"the engine process {self.name} exited: {self.log_tail()}")
+        answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def stop(self) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            self.conn.send(("stop",))
-        self.process.join(timeout=5)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout=5)
-        self.conn.close()
+    async def stop(self, grace_s: float = 5.0, sig: int | None = None) -> None:
+        """Ask the engine to stop, then end it (it is signalled after `grace_s`)."""
+        if self.proc is not None:
+            with contextlib.suppress(OSError, TimeoutError):
+                await self.write_line(json.dumps(["stop"]))
+                await asyncio.wait_for(self.proc.wait(), grace_s)
+        await super().stop(grace_s, sig)
 
 
-async def spawn(specs: list[PublisherSpec]) -> list[EngineProcess]:
-    context = multiprocessing.get_context("spawn")
-    started: list[tuple[PublisherSpec, BaseProcess, Connection]] = []
-    for spec in specs:
-        parent, child = context.Pipe()
-        process = context.Process(
-            target=_publisher_main, args=(spec, child), name=f"kv-pub-{spec.name}", daemon=True
-        )
-        process.start()
-        child.close()
-        started.append((spec, process, parent))
-    engines = []
+async def spawn(specs: list[PublisherSpec], log_path: Path) -> list[EngineProcess]:
+    engines = [EngineProcess(spec, log_path) for spec in specs]
     try:
-        for spec, child_process, conn in started:
-            hello = await _receive(conn, timeout_s=60)
-            endpoint = PodEndpoint(
-                spec.name, MODEL, events=hello["events"], replay=hello["replay"], topic=TOPIC
-            )
-            engines.append(EngineProcess(spec.name, child_process, conn, endpoint))
+        await asyncio.gather(*(engine.start() for engine in engines))
     except BaseException:
-        for _, child_process, conn in started:
-            child_process.terminate()
-            child_process.join(timeout=5)
-            conn.close()
+        await asyncio.gather(*(engine.stop() for engine in engines))
         raise
     return engines
+
+
+if __name__ == "__main__":
+    asyncio.run(_publisher_loop(PublisherSpec(**json.loads(sys.argv[1]))))

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bench.harness.probe import LoopLagProbe
 from bench.subscriber_load.engines import CATCH_UP_TIMEOUT_S
 from indexer import SyncPrefixHashTable
 from subscriber import IndexSink, KVEventBatch, Phase, SubscriberManager
@@ -95,29 +96,26 @@ class Gateway:
     manager: SubscriberManager
     sink: CountingSink
     t0: float
-    lags: list[tuple[float, float]] = field(default_factory=list)
-    """(monotonic time, ms late) of every wake-up of the loop probe."""
+    probe: LoopLagProbe = field(init=False)
+    """How late a task asking to wake every few ms is woken (event-loop stalls)."""
     marks: list[tuple[float, float]] = field(default_factory=list)
     """(seconds since start, recovery ms) of each gap injected."""
     phases: list[tuple[float, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.probe = LoopLagProbe(PROBE_INTERVAL_S, self._woke)
+
+    def _woke(self, now: float) -> None:
+        if len(self.probe.lags) % 20 == 0:
+            self.sink.sample(now)
 
     @property
     def table(self) -> SyncPrefixHashTable:
         return self.sink.table
 
-    async def probe_loop(self) -> None:
-        """How late a task asking to wake every few ms is woken (event-loop stalls)."""
-        while True:
-            asked = time.monotonic()
-            await asyncio.sleep(PROBE_INTERVAL_S)
-            now = time.monotonic()
-            self.lags.append((now, (now - asked - PROBE_INTERVAL_S) * 1e3))
-            if len(self.lags) % 20 == 0:
-                self.sink.sample(now)
-
     def max_lag_ms(self, start: float, end: float) -> float:
         """The longest stall of the event loop that ended within [start, end]."""
-        return max((lag for at, lag in self.lags if start <= at <= end), default=0.0)
+        return self.probe.max_lag_ms(start, end)
 
     async def wait_seq(self, pod: str, seq: int, timeout_s: float = CATCH_UP_TIMEOUT_S) -> None:
         """Until the pod's subscriber has applied `seq` and is live again."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.results_io import print_table, pyplot
+from bench.results_io import figure, print_table
 from bench.subscriber_load.gateway import Gateway
 
 
@@ -89,40 +89,41 @@ def report(results: dict[str, Any]) -> None:
 
 
 def plot(path: Path, gateway: Gateway, results: dict[str, Any]) -> bool:
-    plt = pyplot(path)
-    figure, (live, burst, recovery) = plt.subplots(3, 1, figsize=(8, 9.5))
-    _plot_phase(live, gateway, "live", "prepare")
-    live.set_title(
-        f"live: engines step the sim cache and publish "
-        f"({results['live_events_per_s']:,.0f} events/s applied)",
-        fontsize="medium",
-    )
-    _plot_phase(burst, gateway, "burst", "gaps")
-    burst.set_title(
-        f"burst: {results['config']['batches']} prepared batches per engine sent at once "
-        f"({results['ingest_events_per_s']:,.0f} events/s applied)",
-        fontsize="medium",
-    )
-    recoveries = results["gap_recovery_ms"]
-    recovery.plot(range(1, len(recoveries) + 1), recoveries, "o", label="gap, repaired by replay")
-    recovery.axhline(
-        results["overrun_recovery_ms"], color="red", linestyle="--", label="replay buffer overrun"
-    )
-    recovery.set_title(
-        f"recovery after {results['config']['gap_batches']} batches dropped", fontsize="medium"
-    )
-    recovery.set_xlabel("gap round")
-    recovery.set_ylabel("recovery (ms)")
-    recovery.set_ylim(bottom=0)
-    recovery.grid(True, alpha=0.3)
-    recovery.legend(fontsize="small")
-    figure.suptitle(
-        f"kvgate subscriber: {results['engines']} engine processes + 1 subscriber process, "
-        f"{results['config']['cores']} cores"
-    )
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    with figure(path, 3, 1, figsize=(8, 9.5), dpi=120) as (fig, (live, burst, recovery)):
+        _plot_phase(live, gateway, "live", "prepare")
+        live.set_title(
+            f"live: engines step the sim cache and publish "
+            f"({results['live_events_per_s']:,.0f} events/s applied)",
+            fontsize="medium",
+        )
+        _plot_phase(burst, gateway, "burst", "gaps")
+        burst.set_title(
+            f"burst: {results['config']['batches']} prepared batches per engine sent at once "
+            f"({results['ingest_events_per_s']:,.0f} events/s applied)",
+            fontsize="medium",
+        )
+        recoveries = results["gap_recovery_ms"]
+        recovery.plot(
+            range(1, len(recoveries) + 1), recoveries, "o", label="gap, repaired by replay"
+        )
+        recovery.axhline(
+            results["overrun_recovery_ms"],
+            color="red",
+            linestyle="--",
+            label="replay buffer overrun",
+        )
+        recovery.set_title(
+            f"recovery after {results['config']['gap_batches']} batches dropped", fontsize="medium"
+        )
+        recovery.set_xlabel("gap round")
+        recovery.set_ylabel("recovery (ms)")
+        recovery.set_ylim(bottom=0)
+        recovery.grid(True, alpha=0.3)
+        recovery.legend(fontsize="small")
+        fig.suptitle(
+            f"kvgate subscriber: {results['engines']} engine processes + 1 subscriber process, "
+            f"{results['config']['cores']} cores"
+        )
     return True
 
 

@@ -1,5 +1,6 @@
 """Engine-side figures from each engine's own `/metrics` (vLLM names): prompt-cache
-queries and hits (in tokens) and finished requests, read before and after a run."""
+queries and hits (in tokens) and finished requests, read before and after a run; the
+cache's size; and the cache reset between runs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.demo.fleet import EngineEndpoint
+from bench.harness.fleet import EngineEndpoint
 
 _QUERIES = "vllm:prefix_cache_queries"
 _HITS = "vllm:prefix_cache_hits"
@@ -79,3 +80,28 @@ def hit_rate(per_engine: Mapping[str, EngineCounters]) -> float:
     queries = sum(c.queries for c in per_engine.values())
     hits = sum(c.hits for c in per_engine.values())
     return hits / queries if queries else 0.0
+
+
+async def cache_capacity_tokens(client: httpx.AsyncClient, url: str) -> int:
+    """The engine's KV cache size in tokens (`vllm:cache_config_info`)."""
+    text = (await client.get(f"{url}/metrics")).text
+    line = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info"))
+    labels = dict(
+        part.split("=", 1) for part in line[line.index("{") + 1 : line.index("}")].split(",")
+    )
+    return int(labels["num_gpu_blocks"].strip('"')) * int(labels["block_size"].strip('"'))
+
+
+async def reset_prefix_caches(
+    client: httpx.AsyncClient, engine_urls: Sequence[str], *, timeout_s: float = 30.0
+) -> None:
+    """`POST /reset_prefix_cache` on every engine (retried while one is still busy)."""
+    async with asyncio.timeout(timeout_s):
+        for url in engine_urls:
+            while True:
+                response = await client.post(f"{url}/reset_prefix_cache")
+                if response.status_code == 200:
+                    break
+                if response.status_code != 400:
+                    response.raise_for_status()
+                await asyncio.sleep(0.1)  # 400: requests still running there
