@@ -31,6 +31,8 @@ class RequestRecord:
     completion_tokens: int = 0
     predicted_ttft_s: float | None = None
     """kvgate's prediction for the pod that served (`x-kvgate-predicted-ttft-ms`), if any."""
+    router_url: str = ""
+    """Which router (gateway replica) the request was sent to, when there are several."""
 
     @property
     def e2e_s(self) -> float:
@@ -47,6 +49,7 @@ class RequestRecord:
         conversation: str = "",
         tag: str = "",
         turn: int = 0,
+        router_url: str = "",
     ) -> RequestRecord:
         """The record of `answer`, with `error` as the benchmark classes failures."""
         return cls(
@@ -66,6 +69,7 @@ class RequestRecord:
             cached_tokens=answer.cached_tokens,
             completion_tokens=answer.usage_int("completion_tokens"),
             predicted_ttft_s=_seconds(answer.headers.get("x-kvgate-predicted-ttft-ms")),
+            router_url=router_url,
         )
 
 

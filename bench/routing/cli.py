@@ -124,6 +124,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="requests per wall second at 100%% load when --time-scale is not given (40)",
     )
     add("--seed", type=int, default=0, help="workload seed (same seed, same requests)")
+    add(
+        "--kill-replica", action="store_true",
+        help="with --replicas N (N > 1): kill one replica once a third of the requests are "
+        "answered and start its replacement (bootstrapping from a peer); reports requests "
+        "lost, failures on the others, and how the replacement routes",
+    )  # fmt: skip
     add("--quick", action="store_true", help="a tiny run (2 engines, a few dozen requests)")
     add("--run", default=None, help="results folder name under bench/results/routing/")
     add("--out", type=Path, default=None, help="results folder (overrides --run)")
@@ -169,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
         routers=routers,
         engines=args.engines,
         replicas=list(args.replicas),
+        kill_replica=args.kill_replica,
         loads=loads,
         mode="closed" if args.closed else "open",
         concurrency=args.closed or 0,

@@ -23,7 +23,7 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,16 +66,41 @@ class LoadSpec:
 
 
 class RouterUrls:
-    """Where each request goes: the replicas in turn, one request each."""
+    """Where each request goes: the replicas in turn, one request each — as an L7 balancer
+    does, with readiness: a replica that fails to answer is left out until its `/ready`
+    answers 200 again (checked every `probe_s`), as a Service drops an endpoint whose
+    readiness probe fails."""
 
-    def __init__(self, urls: tuple[str, ...]) -> None:
+    def __init__(self, urls: tuple[str, ...], probe_s: float = 0.25) -> None:
         self._urls = urls
         self._sent = 0
+        self.probe_s = probe_s
+        self.down: set[str] = set()
 
     def __call__(self) -> str:
-        url = self._urls[self._sent % len(self._urls)]
-        self._sent += 1
-        return url
+        for _ in range(len(self._urls)):
+            url = self._urls[self._sent % len(self._urls)]
+            self._sent += 1
+            if url not in self.down:
+                return url
+        return self._urls[self._sent % len(self._urls)]  # all down: try anyway
+
+    def failed(self, url: str) -> None:
+        """No answer from `url` (connection refused or cut): out of the rotation."""
+        if len(self._urls) > 1:
+            self.down.add(url)
+
+    async def probe(self, client: httpx.AsyncClient) -> None:
+        """Readmit replicas whose `/ready` answers 200 (runs until cancelled)."""
+        while True:
+            await asyncio.sleep(self.probe_s)
+            for url in sorted(self.down):
+                try:
+                    ready = (await client.get(f"{url}/ready", timeout=1.0)).status_code == 200
+                except httpx.HTTPError:
+                    ready = False
+                if ready:
+                    self.down.discard(url)
 
 
 async def send(
@@ -83,7 +108,7 @@ async def send(
     spec: LoadSpec,
     conversation: Conversation,
     index: int,
-    router: Callable[[], str],
+    router: RouterUrls,
 ) -> RequestRecord:
     turn = conversation.turns[index]
     body = {
@@ -94,13 +119,16 @@ async def send(
         "stream_options": {"include_usage": True},
     }
     headers = {"x-session-id": conversation.conversation_id}
-    answer = await post_chat(client, f"{router()}/v1/chat/completions", body, headers)
+    url = router()
+    answer = await post_chat(client, f"{url}/v1/chat/completions", body, headers)
+    if answer.status is None or answer.failure == "cut":
+        router.failed(url)
     error = answer.error
     if error is None and not answer.token_times:
         error = "no generated text in the stream"
     return RequestRecord.of(
         answer, error=error, conversation=conversation.conversation_id, tag=conversation.tag,
-        turn=index,
+        turn=index, router_url=url if len(spec.replica_urls) > 1 else "",
     )  # fmt: skip
 
 
@@ -118,27 +146,43 @@ async def run(spec: LoadSpec, script: Script) -> list[RequestRecord]:
                 await asyncio.sleep(turn.think_s / scale)
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        if spec.mode == "open":
-
-            async def one(conversation: Conversation, index: int) -> None:
-                records.append(await send(client, spec, conversation, index, router))
-
-            origin = time.perf_counter()
-            async with asyncio.TaskGroup() as group:
-                for at, conversation, index in schedule(script, spec.rate, spec.seed):
-                    await asyncio.sleep(max(0.0, origin + at / scale - time.perf_counter()))
-                    group.create_task(one(script.conversations[conversation], index))
-        else:
-            queue = list(reversed(script.conversations))
-
-            async def user() -> None:
-                while queue:
-                    await converse(client, queue.pop())
-
-            async with asyncio.TaskGroup() as group:
-                for _ in range(spec.concurrency):
-                    group.create_task(user())
+        prober = asyncio.create_task(router.probe(client))
+        try:
+            await _drive(spec, script, client, records, router, converse)
+        finally:
+            prober.cancel()
     return records
+
+
+async def _drive(
+    spec: LoadSpec,
+    script: Script,
+    client: httpx.AsyncClient,
+    records: list[RequestRecord],
+    router: RouterUrls,
+    converse: Callable[[httpx.AsyncClient, Conversation], Awaitable[None]],
+) -> None:
+    scale = spec.time_scale
+    if spec.mode == "open":
+
+        async def one(conversation: Conversation, index: int) -> None:
+            records.append(await send(client, spec, conversation, index, router))
+
+        origin = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for at, conversation, index in schedule(script, spec.rate, spec.seed):
+                await asyncio.sleep(max(0.0, origin + at / scale - time.perf_counter()))
+                group.create_task(one(script.conversations[conversation], index))
+    else:
+        queue = list(reversed(script.conversations))
+
+        async def user() -> None:
+            while queue:
+                await converse(client, queue.pop())
+
+        async with asyncio.TaskGroup() as group:
+            for _ in range(spec.concurrency):
+                group.create_task(user())
 
 
 def main(argv: list[str]) -> int:

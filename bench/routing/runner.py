@@ -32,6 +32,14 @@ from bench.harness import (
 )
 from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
 from bench.results_io import write_json
+from bench.routing.failover import (
+    ReplicaKill,
+    channel_target,
+    failover_figures,
+    failover_targets,
+    kill_and_replace,
+    sync_cpu_share,
+)
 from bench.routing.fleet import FleetPlan, capacity_rps, engine_processes, plan_fleet
 from bench.routing.loadgen import LoadSpec
 from bench.routing.report import (
@@ -67,6 +75,9 @@ class RoutingOptions:
     quiet: bool = False
     replicas: list[tuple[int, bool]] = dataclasses.field(default_factory=lambda: [(1, False)])
     """(gateway replicas, sharing decisions) per run of each of kvgate's policies."""
+    kill_replica: bool = False
+    """In each run with several replicas, kill one under load and replace it
+    (bench/routing/failover.py)."""
 
 
 def run_routing(options: RoutingOptions) -> int:
@@ -119,6 +130,9 @@ async def _main(options: RoutingOptions) -> int:
                         print("TTFT predictions (observed at the client vs kvgate's, model ms):")
                         print("\n".join(accuracy))
                     targets = check_targets(point)
+                    for each in point:
+                        targets += channel_target(each.label, each.replica_sync_cpu_share)
+                        targets += failover_targets(each.label, each.replica_kill)
                     if targets:
                         print("targets:")
                         print("\n".join(targets))
@@ -132,7 +146,9 @@ async def _main(options: RoutingOptions) -> int:
     paths = [write_json(options.out_dir / "routing.json", document)]
     paths += plot_all(options.out_dir, results, ttfts, predictions)
     print("\nresults: " + ", ".join(str(p) for p in paths))
-    return 1 if any(r.errors for r in results) else 0
+    # Requests lost with a replica killed on purpose are that experiment's figure.
+    unexpected = [r.errors - r.replica_kill.get("lost_on_killed", 0) for r in results]
+    return 1 if any(unexpected) else 0
 
 
 async def _run_one(
@@ -157,6 +173,12 @@ async def _run_one(
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
+    killing = options.kill_replica and replicas > 1
+    if killing:  # one admin token: a replacement bootstraps its index from a peer's
+        for each in routers[1:]:
+            each.env["KVGATE_ADMIN_TOKEN"] = routers[0].env["KVGATE_ADMIN_TOKEN"]
+            each.admin_token = routers[0].admin_token
+    kill = ReplicaKill()
     if shared:  # each replica publishes on its port + 1 (reserved with it) to the others
         sync = [f"tcp://127.0.0.1:{each.port + 1}" for each in routers]
         for each, own in zip(routers, sync, strict=True):
@@ -182,13 +204,26 @@ async def _run_one(
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""
-        records = await _load(spec, logs / f"load-{router_name}{suffix}-{load}")
+        killer = (
+            asyncio.create_task(kill_and_replace(client, routers, script.requests, kill))
+            if killing
+            else None
+        )
+        try:
+            records = await _load(spec, logs / f"load-{router_name}{suffix}-{load}")
+        finally:
+            if killer is not None:
+                if not killer.done():  # the run ended before a third was answered
+                    killer.cancel()
+                await asyncio.gather(killer, return_exceptions=True)
         wall = time.perf_counter() - cpu_before[2]
+        router_cpu = _cpu_of(routers) + kill.victim_cpu_s
         cpu = {
             "engines": (_cpu_of(engines) - cpu_before[0]) / wall,
-            "router": (_cpu_of(routers) - cpu_before[1]) / wall,
+            "router": (router_cpu - cpu_before[1]) / wall,
         }
         after = await read_counters(client, endpoints)
+        channel = await sync_cpu_share(client, routers) if shared else None
     finally:
         for each in routers:
             await each.stop()
@@ -206,6 +241,8 @@ async def _run_one(
         result,
         replicas=replicas,
         replica_sync=shared,
+        replica_kill=failover_figures(records, kill, plan.time_scale * 1e3) if killing else {},
+        replica_sync_cpu_share=channel,
         cpu_cores=cpu,
         router_cpu_ms_per_request=cpu["router"] * wall / answered * 1e3,
     )

@@ -56,6 +56,11 @@ class RunResult:
     one by one); 1 for every other router."""
     replica_sync: bool = False
     """Whether the replicas shared their decisions (KVGATE_REPLICA_PEERS)."""
+    replica_sync_cpu_share: float | None = None
+    """Replicas sharing decisions: the channel's CPU (`kvgate_replica_sync_cpu_seconds_total`)
+    over the replicas' whole CPU (`process_cpu_seconds_total`), summed over replicas."""
+    replica_kill: dict[str, Any] = field(default_factory=dict)
+    """`--kill-replica`: one replica killed under load and replaced (failover.py)."""
     prediction: dict[str, float] = field(default_factory=dict)
     """How well kvgate predicted each request's TTFT (absent for routers that do not):
     `n`, `abs_err_ms_p50` / `_p90` (model ms), `rel_err_p50` / `_p90` (|error| /

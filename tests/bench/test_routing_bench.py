@@ -163,8 +163,10 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
     document = json.loads((tmp_path / "routing.json").read_text())
     replicated = [run for run in document["runs"] if run["replicas"] == 2]
     assert [run["router"] for run in replicated] == ["prefix-cache", "round-robin"]  # kvgate's
+    assert "the sharing channel uses" in out.stdout
     for run in replicated:
         assert run["replica_sync"] is True
+        assert 0 < run["replica_sync_cpu_share"] < 1  # measured by the replicas themselves
         assert run["requests"] == document["fleets"]["chat"]["requests"]
         assert run["errors"] == 0
     assert len(list((tmp_path / "logs" / "chat").glob("router-prefix-cache-*.log"))) == 2
@@ -180,6 +182,30 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
         assert sum(run["engine_share"].values()) == pytest.approx(1.0)
     for png in ("ttft_cdf.png", "engine_share.png", "prediction_scatter.png"):
         assert (tmp_path / png).stat().st_size > 0
+
+
+def test_a_replica_killed_under_load_is_replaced_and_the_others_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    command = [
+        sys.executable, "-m", "gateway.cli", "bench", "routing", "--quick", "--engines", "2",
+        "--workloads", "chat", "--routers", "prefix-cache", "--conversations", "12",
+        "--time-scale", "4", "--out", str(tmp_path), "--quiet", "--replicas", "2",
+        "--kill-replica",
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr  # lost on the killed one: expected
+    assert "a replica killed: 0 requests failed on the others" in out.stdout
+    (run,) = json.loads((tmp_path / "routing.json").read_text())["runs"]
+    kill = run["replica_kill"]
+    assert kill["killed"] is True
+    assert kill["failed_on_survivors"] == 0
+    assert run["errors"] == kill["lost_on_killed"]  # every failure is one the kill caused
+    assert kill["killed_after_requests"] >= run["requests"] / 3
+    assert 0 < kill["replacement_ready_s"] <= kill["down_s"]
+    assert set(kill["replacement"]) == set(kill["survivors"]) == {"first_10s", "after_10s"}
+    logs = tmp_path / "logs" / "chat"
+    assert len(list(logs.glob("router-prefix-cache-*-replacement.log"))) == 1
 
 
 def test_one_prompt_conversations_share_a_single_system_prompt() -> None:
