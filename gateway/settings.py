@@ -16,7 +16,7 @@ import yaml
 
 from gateway.errors import ConfigError
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
-from indexer import DEFAULT_HASH_SEED, IndexConfig, IndexLimits, Tier
+from indexer import IndexConfig, IndexLimits, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,21 @@ def _duration_text(seconds: float) -> str:
     return f"{seconds * 1000:g}ms"
 
 
+def _bytes_text(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale} {unit}"
+    return str(size)
+
+
+def _minutes_text(seconds: float) -> str:
+    return f"{seconds / 60:g} min"
+
+
+def _weights_text(weights: Mapping[Tier, float]) -> str:
+    return ",".join(f"{tier.name}={weight:g}" for tier, weight in weights.items())
+
+
 _WEIGHTS_HELP = "comma-separated TIER=WEIGHT with tiers GPU, CPU, STORAGE, EXPECTED (e.g. CPU=0.8)"
 
 
@@ -219,13 +234,13 @@ class Declaration:
     allowed: str
     meaning: str
     aliases: tuple[Alias, ...] = ()
-    shown_default: str | None = None
+    shown: Callable[[Any], str] | None = None
     """How the README shows the default when its Python value reads badly (16 MiB)."""
 
     def default_text(self, default: object) -> str:
         """The default as the README and `kvgate settings` show it."""
-        if self.shown_default is not None:
-            return self.shown_default
+        if self.shown is not None and default is not None:
+            return self.shown(default)
         if default is None or default == ():
             return "—"
         if isinstance(default, bool):
@@ -254,7 +269,7 @@ def _setting(
     meaning: str,
     *,
     aliases: tuple[Alias, ...] = (),
-    shown: str | None = None,
+    shown: Callable[[Any], str] | None = None,
     factory: Callable[[], Any] | None = None,
     secret: bool = False,
 ) -> Any:
@@ -318,7 +333,7 @@ class Settings:
     tier_weights: Mapping[Tier, float] = _setting(
         None, "KVGATE_TIER_WEIGHTS", _tier_weights, _WEIGHTS_HELP,
         "what a block held off-GPU (or only expected) is worth against one in GPU memory",
-        factory=lambda: dict(DEFAULT_TIER_WEIGHTS), shown="GPU=1,CPU=0.8,STORAGE=0.25,EXPECTED=0.9",
+        factory=lambda: dict(DEFAULT_TIER_WEIGHTS), shown=_weights_text,
     )  # fmt: skip
     session_header: str = _setting(
         "x-session-id", "KVGATE_SESSION_HEADER", _header, "an HTTP header name",
@@ -374,7 +389,7 @@ class Settings:
     )  # fmt: skip
     max_body_bytes: int = _setting(
         16 * 1024 * 1024, "KVGATE_MAX_BODY_BYTES", _positive_int, "an integer > 0",
-        "413 beyond it", shown="16 MiB",
+        "413 beyond it", shown=_bytes_text,
     )  # fmt: skip
     max_concurrent_requests: int = _setting(
         1024, "KVGATE_MAX_CONCURRENT_REQUESTS", _positive_int, "an integer > 0",
@@ -392,7 +407,7 @@ class Settings:
     )  # fmt: skip
     max_header_bytes: int = _setting(
         32 * 1024, "KVGATE_MAX_HEADER_BYTES", _positive_int, "an integer > 0",
-        "URL + headers; 431 beyond it", shown="32 KiB",
+        "URL + headers; 431 beyond it", shown=_bytes_text,
     )  # fmt: skip
     body_timeout_s: float = _setting(
         30.0, "KVGATE_BODY_TIMEOUT", _duration, _DURATION_HELP,
@@ -469,7 +484,7 @@ class Settings:
     )
     snapshot_max_bytes: int = _setting(
         64 * 1024 * 1024, "KVGATE_SNAPSHOT_MAX_BYTES", _positive_int, "an integer > 0",
-        "a pod's snapshot larger than this is neither written nor read", shown="64 MiB",
+        "a pod's snapshot larger than this is neither written nor read", shown=_bytes_text,
     )  # fmt: skip
     bootstrap_peer: str | None = _setting(
         None, "KVGATE_BOOTSTRAP_PEER", _url, "an http(s):// URL of a running gateway",
@@ -565,7 +580,7 @@ INDEX_SETTINGS: tuple[tuple[str, Declaration], ...] = (
     ("hash_seed", Declaration(
         "KVGATE_HASH_SEED", _hash_seed, "an unsigned 64-bit integer (decimal or 0x hex)",
         "seed of the chained hash; identical on every replica",
-        shown_default=hex(DEFAULT_HASH_SEED))),
+        shown=hex)),
     ("limits.max_contexts", Declaration(
         "AIBRIX_SYNC_MAX_CONTEXTS", _positive_int, "a positive integer",
         "(model, LoRA) contexts; the least recently used goes")),
@@ -577,7 +592,7 @@ INDEX_SETTINGS: tuple[tuple[str, Declaration], ...] = (
         "how often the eviction pass runs")),
     ("limits.eviction_duration_s", Declaration(
         "AIBRIX_SYNC_EVICTION_DURATION_MINUTES", _minutes, "a positive number of minutes",
-        "lifetime of router-side entries of pods without events", shown_default="20 min")),
+        "lifetime of router-side entries of pods without events", shown=_minutes_text)),
     ("limits.max_blocks_per_pod", Declaration(
         "KVGATE_INDEX_MAX_BLOCKS_PER_POD", _positive_int, "a positive integer",
         "engine blocks per pod; further stores are refused and counted")),
