@@ -10,6 +10,7 @@ import asyncio
 import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -42,6 +43,30 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
+_MAX_CHILDREN = 10_000
+
+
+class Children(Generic[_Metric]):
+    """A labelled metric's children from a dict: prometheus_client's `labels()` checks the
+    values and takes a lock on every call (~2 µs), and a request looks up about ten. Label
+    series are never removed here, so a remembered child is always the live one."""
+
+    __slots__ = ("_children", "metric")
+
+    def __init__(self, metric: _Metric) -> None:
+        self.metric: _Metric = metric
+        self._children: dict[tuple[str, ...], _Metric] = {}
+
+    def labels(self, *values: str) -> _Metric:
+        child = self._children.get(values)
+        if child is None:
+            if len(self._children) >= _MAX_CHILDREN:  # bounded whatever the label values
+                self._children.clear()
+            child = self._children[values] = self.metric.labels(*values)
+        return child
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.prometheus = registry
@@ -54,13 +79,15 @@ class GatewayMetrics:
         Info("kvgate_build", "The running kvgate: version and Python", registry=registry).info(
             {"version": version(), "python": platform.python_version()}
         )
-        self.requests = Counter(
-            "kvgate_requests",
-            "Proxied requests, each once, by model, the pod that answered (or was tried "
-            "last), policy and the status the client saw (cut / client_disconnect: ended "
-            "mid-answer)",
-            ["model", "pod", "policy", "status"],
-            registry=registry,
+        self.requests = Children(
+            Counter(
+                "kvgate_requests",
+                "Proxied requests, each once, by model, the pod that answered (or was tried "
+                "last), policy and the status the client saw (cut / client_disconnect: ended "
+                "mid-answer)",
+                ["model", "pod", "policy", "status"],
+                registry=registry,
+            )
         )
         self.background_restarts = Counter(
             "kvgate_background_restarts",
@@ -76,17 +103,21 @@ class GatewayMetrics:
             ["pod"],
             registry=registry,
         )
-        self.attempts = Counter(
-            "kvgate_upstream_attempts",
-            "Every attempt to a pod (a retried request makes two), by pod and outcome",
-            ["pod", "outcome"],
-            registry=registry,
+        self.attempts = Children(
+            Counter(
+                "kvgate_upstream_attempts",
+                "Every attempt to a pod (a retried request makes two), by pod and outcome",
+                ["pod", "outcome"],
+                registry=registry,
+            )
         )
-        self.rejected = Counter(
-            "kvgate_requests_rejected",
-            "Requests answered by the gateway itself with an error, by reason",
-            ["reason"],
-            registry=registry,
+        self.rejected = Children(
+            Counter(
+                "kvgate_requests_rejected",
+                "Requests answered by the gateway itself with an error, by reason",
+                ["reason"],
+                registry=registry,
+            )
         )
         self.decision_seconds = Histogram(
             "kvgate_decision_seconds",
@@ -95,108 +126,139 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self.plugin_seconds = Histogram(
-            "kvgate_routing_plugin_seconds",
-            "Time each routing plugin (filter, scorer, picker, preference) took per decision",
-            ["plugin"],
-            buckets=_PLUGIN_BUCKETS,
-            registry=registry,
+        self.plugin_seconds = Children(
+            Histogram(
+                "kvgate_routing_plugin_seconds",
+                "Time each routing plugin (filter, scorer, picker, preference) took per decision",
+                ["plugin"],
+                buckets=_PLUGIN_BUCKETS,
+                registry=registry,
+            )
         )
         self._plugin_children: dict[str, Histogram] = {}
-        self.prediction_error = Histogram(
-            "kvgate_ttft_prediction_error_seconds",
-            "Observed minus predicted time to first byte of streamed answers, by pod",
-            ["pod"],
-            buckets=_ERROR_BUCKETS,
-            registry=registry,
+        self.prediction_error = Children(
+            Histogram(
+                "kvgate_ttft_prediction_error_seconds",
+                "Observed minus predicted time to first byte of streamed answers, by pod",
+                ["pod"],
+                buckets=_ERROR_BUCKETS,
+                registry=registry,
+            )
         )
-        self.slo = Counter(
-            "kvgate_slo_ttft",
-            "Requests with a TTFT objective (x-slo-ttft-ms), by outcome: predicted_met, "
-            "predicted_missed (at decision), observed_met, observed_missed (first byte), shed",
-            ["outcome"],
-            registry=registry,
+        self.slo = Children(
+            Counter(
+                "kvgate_slo_ttft",
+                "Requests with a TTFT objective (x-slo-ttft-ms), by outcome: predicted_met, "
+                "predicted_missed (at decision), observed_met, observed_missed (first byte), shed",
+                ["outcome"],
+                registry=registry,
+            )
         )
-        self.prompt_blocks = Counter(
-            "kvgate_prompt_blocks",
-            "Full prompt blocks of routed requests",
-            ["model"],
-            registry=registry,
+        self.prompt_blocks = Children(
+            Counter(
+                "kvgate_prompt_blocks",
+                "Full prompt blocks of routed requests",
+                ["model"],
+                registry=registry,
+            )
         )
-        self.matched_blocks = Counter(
-            "kvgate_matched_blocks",
-            "Prompt blocks the chosen pod already held when it was chosen",
-            ["model"],
-            registry=registry,
+        self.matched_blocks = Children(
+            Counter(
+                "kvgate_matched_blocks",
+                "Prompt blocks the chosen pod already held when it was chosen",
+                ["model"],
+                registry=registry,
+            )
         )
-        self.degraded_routing = Counter(
-            "kvgate_degraded_routing",
-            "Requests routed on load only, by reason (tokenizer failure, no index...)",
-            ["reason"],
-            registry=registry,
+        self.degraded_routing = Children(
+            Counter(
+                "kvgate_degraded_routing",
+                "Requests routed on load only, by reason (tokenizer failure, no index...)",
+                ["reason"],
+                registry=registry,
+            )
         )
-        self.inflight = Gauge(
-            "kvgate_inflight_requests",
-            "Requests being proxied, by pod",
-            ["pod"],
-            registry=registry,
+        self.inflight = Children(
+            Gauge(
+                "kvgate_inflight_requests",
+                "Requests being proxied, by pod",
+                ["pod"],
+                registry=registry,
+            )
         )
-        self.upstream_errors = Counter(
-            "kvgate_upstream_errors",
-            "Failed upstream attempts, by pod and kind (connect, timeout, status_5xx, midstream)",
-            ["pod", "kind"],
-            registry=registry,
+        self.upstream_errors = Children(
+            Counter(
+                "kvgate_upstream_errors",
+                "Failed upstream attempts, by pod and kind (connect, timeout, status_5xx, "
+                "midstream)",
+                ["pod", "kind"],
+                registry=registry,
+            )
         )
-        self.retries = Counter(
-            "kvgate_upstream_retries",
-            "Requests retried on another pod before any byte was sent",
-            ["pod"],
-            registry=registry,
+        self.retries = Children(
+            Counter(
+                "kvgate_upstream_retries",
+                "Requests retried on another pod before any byte was sent",
+                ["pod"],
+                registry=registry,
+            )
         )
-        self.ttft = Histogram(
-            "kvgate_upstream_first_byte_seconds",
-            "Time from dispatch to the engine's first response byte, by pod",
-            ["pod"],
-            buckets=_TTFT_BUCKETS,
-            registry=registry,
+        self.ttft = Children(
+            Histogram(
+                "kvgate_upstream_first_byte_seconds",
+                "Time from dispatch to the engine's first response byte, by pod",
+                ["pod"],
+                buckets=_TTFT_BUCKETS,
+                registry=registry,
+            )
         )
-        self.model_ttft = Histogram(
-            "kvgate_time_to_first_byte_seconds",
-            "Chat and completion requests: from the complete request to the first body byte "
-            "of the answer (the engine's first token when streamed), by model",
-            ["model"],
-            buckets=_TTFT_BUCKETS,
-            registry=registry,
+        self.model_ttft = Children(
+            Histogram(
+                "kvgate_time_to_first_byte_seconds",
+                "Chat and completion requests: from the complete request to the first body byte "
+                "of the answer (the engine's first token when streamed), by model",
+                ["model"],
+                buckets=_TTFT_BUCKETS,
+                registry=registry,
+            )
         )
-        self.model_duration = Histogram(
-            "kvgate_request_duration_seconds",
-            "Chat and completion requests: from the complete request to the answer's last "
-            "byte (or its failure), by model",
-            ["model"],
-            buckets=_DURATION_BUCKETS,
-            registry=registry,
+        self.model_duration = Children(
+            Histogram(
+                "kvgate_request_duration_seconds",
+                "Chat and completion requests: from the complete request to the answer's last "
+                "byte (or its failure), by model",
+                ["model"],
+                buckets=_DURATION_BUCKETS,
+                registry=registry,
+            )
         )
-        self.prompt_tokens = Counter(
-            "kvgate_prompt_tokens",
-            "Prompt tokens of answered (2xx) chat and completion requests, by model; source: "
-            "`engine` (the answer's usage) or `gateway` (its own tokenization, for streams "
-            "without usage)",
-            ["model", "source"],
-            registry=registry,
+        self.prompt_tokens = Children(
+            Counter(
+                "kvgate_prompt_tokens",
+                "Prompt tokens of answered (2xx) chat and completion requests, by model; source: "
+                "`engine` (the answer's usage) or `gateway` (its own tokenization, for streams "
+                "without usage)",
+                ["model", "source"],
+                registry=registry,
+            )
         )
-        self.completion_tokens = Counter(
-            "kvgate_completion_tokens",
-            "Completion tokens relayed in answered (2xx) chat and completion requests, by "
-            "model; source: `engine` (the answer's usage) or `gateway` (one per streamed "
-            "event, for streams without usage)",
-            ["model", "source"],
-            registry=registry,
+        self.completion_tokens = Children(
+            Counter(
+                "kvgate_completion_tokens",
+                "Completion tokens relayed in answered (2xx) chat and completion requests, by "
+                "model; source: `engine` (the answer's usage) or `gateway` (one per streamed "
+                "event, for streams without usage)",
+                ["model", "source"],
+                registry=registry,
+            )
         )
-        self.tokenizer = Counter(
-            "kvgate_tokenizer_requests",
-            "Prompt tokenizations by result (hit, miss, failure)",
-            ["result"],
-            registry=registry,
+        self.tokenizer = Children(
+            Counter(
+                "kvgate_tokenizer_requests",
+                "Prompt tokenizations by result (hit, miss, failure)",
+                ["result"],
+                registry=registry,
+            )
         )
         self.discovery_errors = Counter(
             "kvgate_discovery_errors",
