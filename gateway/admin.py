@@ -169,6 +169,12 @@ def _prediction_view(prediction: Prediction) -> dict[str, Any]:
     }
 
 
+async def cost_model(request: Request) -> Response:
+    """The learned TTFT models (the fleet's and each answered pod's), for a new replica."""
+    gateway = _authorized(request)
+    return JSONResponse(gateway.router.cost.export())
+
+
 async def snapshot(request: Request) -> Response:
     """The pod's index snapshot now (the snapshot file format), for a new replica."""
     gateway = _authorized(request)
@@ -190,5 +196,6 @@ routes = [
     Route("/admin/pods", pods, methods=["GET"]),
     Route("/admin/index", index, methods=["GET"]),
     Route("/admin/snapshot", snapshot, methods=["GET"]),
+    Route("/admin/cost-model", cost_model, methods=["GET"]),
     Route("/admin/match", match, methods=["POST"]),
 ]

@@ -32,7 +32,12 @@ from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalog import ModelCatalog
-from gateway.persistence import SnapshotRestorer, restore_snapshots, snapshot_writer
+from gateway.persistence import (
+    SnapshotRestorer,
+    cost_model_from_peer,
+    restore_snapshots,
+    snapshot_writer,
+)
 from gateway.pinning import api as pinning_api
 from gateway.pinning.client import PinClient
 from gateway.pinning.manager import PinConfig, PinManager
@@ -153,6 +158,10 @@ async def _start(
         else None
     )
     cost = CostModel()
+    if settings.bootstrap_peer is not None:
+        await cost_model_from_peer(
+            control_client, settings.bootstrap_peer, settings.admin_token, cost
+        )
     pin_lookup = PinLookup()
     router = Router(
         registry=registry,

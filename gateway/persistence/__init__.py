@@ -3,7 +3,7 @@
 from gateway.persistence.files import SnapshotDir, file_name
 from gateway.persistence.lifecycle import restore_snapshots, snapshot_writer
 from gateway.persistence.metrics import SnapshotMetrics
-from gateway.persistence.peer import bootstrap_from_peer
+from gateway.persistence.peer import bootstrap_from_peer, cost_model_from_peer
 from gateway.persistence.snapshots import SnapshotRestorer, capture_pod
 from gateway.persistence.writer import SnapshotWriter
 
@@ -14,6 +14,7 @@ __all__ = [
     "SnapshotWriter",
     "bootstrap_from_peer",
     "capture_pod",
+    "cost_model_from_peer",
     "file_name",
     "restore_snapshots",
     "snapshot_writer",

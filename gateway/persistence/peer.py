@@ -1,8 +1,12 @@
-"""Peer bootstrap: a new replica takes every pod's snapshot from a running gateway.
+"""Peer bootstrap: a new replica takes every pod's snapshot from a running gateway, and
+its learned cost model.
 
 Engines replay only their last batches, so a replica that starts late cannot rebuild
 blocks stored long before from replay alone; a running replica's index holds them. Its
 snapshots (`GET /admin/snapshot?pod=NAME`) are restored and resumed exactly like files.
+Likewise its cost model (`GET /admin/cost-model`): a replacement that starts from the
+prior predicts badly until every pod has answered it a few times, and routes worse
+meanwhile (a replica killed under load: TTFT p90 +60 % in the replacement's first 10 s).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import httpx
 
 from gateway.persistence.snapshots import PEER, SnapshotRestorer
+from gateway.routing import CostModel
 from indexer import SnapshotError, decode_snapshot
 
 logger = logging.getLogger(__name__)
@@ -89,3 +94,22 @@ async def _load_one(
         return False
     restorer.add(snapshot, PEER)
     return True
+
+
+async def cost_model_from_peer(
+    client: httpx.AsyncClient, peer: str, token: str | None, cost: CostModel
+) -> int:
+    """Start `cost` from the peer's learned models; returns how many were taken. Never
+    fails start-up: an unreachable peer or a malformed answer is logged, nothing taken."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with asyncio.timeout(BOOTSTRAP_TIMEOUT_S):
+            response = await client.get(f"{peer}/admin/cost-model", headers=headers)
+            response.raise_for_status()
+            taken = cost.adopt(response.json())
+    except (httpx.HTTPError, TimeoutError, ValueError) as exc:
+        logger.warning("bootstrap: no cost model from %s (%s: %s); starting from the prior",
+                       peer, type(exc).__name__, exc)  # fmt: skip
+        return 0
+    logger.info("bootstrap: %d cost models taken from %s", taken, peer)
+    return taken

@@ -40,10 +40,11 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 FEATURES = ("base", "prefill_tokens", "queued_requests", "decoding")
 """Names of the model's terms, in coefficient order (for /admin/match and the docs)."""
+_EXPORT_VERSION = 1
 _TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
 _SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 _MAX_PODS = 4096
@@ -124,6 +125,43 @@ class TtftModel:
         self._max_trace = _MAX_TRACE_FACTOR * n * params.prior_strength
         self.residual_scale = 0.0
         self.observations = 0
+
+    def state(self) -> dict[str, Any]:
+        """What another gateway needs to continue this model (JSON)."""
+        return {
+            "theta": list(self.theta),
+            "p": [list(row) for row in self._p],
+            "residual_scale": self.residual_scale,
+            "observations": self.observations,
+        }
+
+    def adopt(self, state: Any) -> bool:
+        """Continue from another gateway's `state()`; False (nothing changed) for anything
+        malformed: a peer's answer is checked, never trusted."""
+        n = len(self.theta)
+        try:
+            theta = [float(v) for v in state["theta"]]
+            p = [[float(v) for v in row] for row in state["p"]]
+            scale = float(state["residual_scale"])
+            observations = int(state["observations"])
+        except (TypeError, KeyError, ValueError):
+            return False
+        values = [*theta, *(v for row in p for v in row), scale]
+        if (
+            len(theta) != n
+            or len(p) != n
+            or any(len(row) != n for row in p)
+            or not all(math.isfinite(v) for v in values)
+            or min(theta) < 0.0
+            or scale < 0.0
+            or observations < 0
+            or sum(p[i][i] for i in range(n)) > self._max_trace
+        ):
+            return False
+        self.theta, self._p = theta, p
+        self.coefficients = tuple(theta)
+        self.residual_scale, self.observations = scale, observations
+        return True
 
     @property
     def covariance_trace(self) -> float:
@@ -296,6 +334,35 @@ class CostModel:
             )
             predictions.append(Prediction(pod, ttft, own, queued, queued_requests, decoding, theta))
         return predictions
+
+    def export(self) -> dict[str, Any]:
+        """The learned models, the fleet's and each answered pod's (`/admin/cost-model`),
+        for a new replica to start from (`KVGATE_BOOTSTRAP_PEER`)."""
+        return {
+            "version": _EXPORT_VERSION,
+            "fleet": self.fleet.state(),
+            "pods": {
+                name: work.model.state()
+                for name, work in self._pods.items()
+                if work.model.observations
+            },
+        }
+
+    def adopt(self, exported: Any) -> int:
+        """Start from another gateway's `export()`: the fleet's model, and each pod's for
+        the pods this one has not learned yet; returns how many models were taken."""
+        if not isinstance(exported, dict) or exported.get("version") != _EXPORT_VERSION:
+            return 0
+        pods = exported.get("pods")
+        taken = int(not self.fleet.observations and self.fleet.adopt(exported.get("fleet")))
+        if isinstance(pods, dict):
+            for name, state in list(pods.items())[:_MAX_PODS]:
+                if not isinstance(name, str) or not 0 < len(name) <= 512:
+                    continue
+                model = self._work(name).model
+                if not model.observations and model.adopt(state):
+                    taken += 1
+        return taken
 
     def now(self) -> float:
         """The model's clock."""

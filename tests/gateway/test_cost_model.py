@@ -68,6 +68,39 @@ def test_learning_converges_on_a_synthetic_pod_despite_outliers() -> None:
     assert errors[int(len(errors) * 0.9)] < 0.15
 
 
+def test_a_new_replica_continues_from_a_peers_models_and_refuses_bad_ones() -> None:
+    clock = Clock()
+    learned = CostModel(clock=clock)
+    rng = random.Random(3)
+    for _ in range(200):
+        tokens = rng.randrange(100, 4000)
+        serve(learned, clock, "fast", tokens, 0.004 + 0.02 * tokens / 1000)
+        serve(learned, clock, "slow", tokens, 0.004 + 0.08 * tokens / 1000)
+    exported = learned.export()
+    assert set(exported["pods"]) == {"fast", "slow"}
+
+    fresh = CostModel(clock=clock)
+    assert fresh.adopt(exported) == 3  # the fleet's model and both pods'
+    for name in ("fast", "slow", "never-answered"):
+        assert fresh.predict(name, 2000, 0.0).ttft_s == learned.predict(name, 2000, 0.0).ttft_s
+    assert fresh.adopt(exported) == 0  # what it has learned (or taken) is not overwritten
+
+    def corrupt(**changes: object) -> dict[str, object]:
+        state = {**exported["fleet"], **changes}
+        return {**exported, "fleet": state, "pods": {"p": state}}
+
+    for bad in (
+        corrupt(theta=[1.0, 2.0]),  # the wrong size
+        corrupt(theta=[0.1, float("nan"), 0.0, 0.0]),
+        corrupt(theta=[0.1, -1.0, 0.0, 0.0]),
+        corrupt(p=[[1e12] * 4] * 4),  # a covariance no model of ours can reach
+        corrupt(observations="many"),
+        {**exported, "version": 99},
+        "not a model",
+    ):
+        assert CostModel(clock=clock).adopt(bad) == 0
+
+
 def test_a_new_pod_starts_from_the_fleets_model() -> None:
     clock = Clock()
     cost = CostModel(clock=clock)

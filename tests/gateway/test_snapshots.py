@@ -244,9 +244,17 @@ async def test_a_new_replica_bootstraps_from_a_running_one(
         )["engine_hashes"]["GPU"]
         assert missing, "replay alone rebuilt everything: the test proves nothing"
 
+    async with running.client() as client:  # streamed answers: its cost model learns
+        for i in range(6):
+            body = {"model": MODEL, "prompt": f"learn {i} " * 20, "max_tokens": 2, "stream": True}
+            assert (await client.post("/v1/completions", json=body)).status_code == 200
+    learned = running.state.router.cost.export()
+    assert learned["pods"]
+
     joined = await start_gateway(engines=0, pods=entries(engines), bootstrap_peer=running.url)
     await wait_equal(joined, engines)
     assert sample(joined, "kvgate_snapshots_restored_total", source="peer") == 2
+    assert joined.state.router.cost.export() == learned  # and it predicts as the peer does
 
 
 async def test_a_bootstrap_peer_that_does_not_answer_does_not_stop_start_up(
