@@ -35,7 +35,7 @@ from bench.overhead.report import (
     router_figures,
     targets,
 )
-from bench.overhead.streams import StreamPlan, stream_phase
+from bench.overhead.streams import StreamPlan, StreamSamples, stream_phase
 from bench.results_io import add_output_arguments, write_json
 from bench.routing.routers import PACKAGES, ensure_venv
 
@@ -176,7 +176,7 @@ T = TypeVar("T")
 def run(args: argparse.Namespace) -> int:
     plan = Plan.from_args(args, *resolve_peers(args.peers))
     try:
-        results, samples = asyncio.run(_stoppable(bench(plan)))
+        results, samples, stream_samples = asyncio.run(_stoppable(bench(plan)))
     except (RuntimeError, OSError, EOFError) as exc:  # EOFError: a server hung up mid-answer
         print(f"kvgate bench overhead: {exc!r}", file=sys.stderr)
         return 1
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     report(results)
     write_json(args.json, results)
     print(f"JSON written to {args.json}")
-    plot(args.plot, samples, results)
+    plot(args.plot, samples, stream_samples, results)
     print(f"plot written to {args.plot}")
     if plan.profile is not None:
         print_profile(plan.profile)
@@ -215,7 +215,7 @@ async def _stoppable(work: Coroutine[Any, Any, T]) -> T:
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-async def bench(plan: Plan) -> tuple[dict[str, Any], Samples]:
+async def bench(plan: Plan) -> tuple[dict[str, Any], Samples, StreamSamples]:
     results: dict[str, Any] = {"config": plan.config(), "cases": {}}
     samples: Samples = {}
     bodies = Bodies()
@@ -240,11 +240,11 @@ async def bench(plan: Plan) -> tuple[dict[str, Any], Samples]:
         print(f"  streaming: {stream.per_round} streams x {stream.tokens} tokens per target, "
               f"{stream.rounds} round(s), {stream.streams} at once...", flush=True)  # fmt: skip
         async with stream_fleet(Path(workdir), stream.decode_ms, plan.peers) as fleet:
-            results["streaming"] = await stream_phase(stream, fleet)
+            results["streaming"], stream_samples = await stream_phase(stream, fleet)
             results["config"]["stream_pids"] = {c.name: c.pid for c in fleet.children}
     results["throughput"] = rps
     results["config"]["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     results.update(headline(results["cases"], rps))
     results["routers"] = router_figures(results, plan.peers)
     results["targets"] = targets(results)
-    return results, samples
+    return results, samples, stream_samples

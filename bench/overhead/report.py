@@ -106,7 +106,8 @@ def report(results: dict[str, Any]) -> None:
         rows.append((
             f"router {name}",
             f"CPU us/request: {cpu}",
-            f"streams: CPU {figures['stream_cpu_ms_per_1k_chunks']} ms per 1k chunks; added "
+            f"streams: CPU {figures['stream_cpu_ms_per_1k_chunks']} ms per 1k chunks (idle "
+            f"{figures['stream_idle_cpu_ms_per_1k_chunks']}); added "
             f"TTFT p50 / p99 {figures['stream_added_ttft_p50_ms']} / "
             f"{figures['stream_added_ttft_p99_ms']} ms; added inter-chunk p99 "
             f"{figures['stream_added_itl_p99_ms']} ms",
@@ -166,34 +167,49 @@ def _busiest(cores: dict[str, float]) -> str:
     return f"busiest: {name} ({busy:.0%} of a core)" + (", saturated" if busy > 0.9 else "")
 
 
-def plot(path: Path, samples: Samples, results: dict[str, Any]) -> None:
+def plot(path: Path, samples: Samples, stream_samples: Samples, results: dict[str, Any]) -> None:
     panels = {
         "c1": "round-robin, concurrency 1",
         "c32": "round-robin, concurrency 32",
         "c1_tokenized_distinct": "prefix-cache, c=1, distinct prompts",
         "stream": "time to first streamed chunk, c=1",
     }
-    with figure(path, 2, 2, figsize=(11, 7), dpi=110) as (fig, axes):
-        for axis, (key, title) in zip(axes.flat, panels.items(), strict=True):
+    streaming = results["streaming"]["config"]
+    at_once = f"{streaming['streams']} streams at once"
+    with figure(path, 3, 2, figsize=(11, 10.5), dpi=110) as (fig, axes):
+        for index, title in enumerate((f"TTFT, {at_once}", f"inter-chunk delay, {at_once}")):
+            axis = axes[2][index]
+            for name, per_kind in stream_samples.items():
+                _cdf(axis, name, "-", per_kind[index])
+            _decorate(axis, title, "streams" if index == 0 else "gaps")
+        for axis, (key, title) in zip(axes.flat, panels.items(), strict=False):
             lines = [("direct", "-", samples[key][0]), ("via gateway", "-", samples[key][1])]
             if key == "c1":
                 direct_run, relay = samples["c1_relay"]
                 lines.append(("direct (relay run)", "--", direct_run))
                 lines.append(("via a byte relay", "--", relay))
             for label, style, values in lines:
-                ordered = sorted(values)
-                fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
-                axis.plot(ordered, fractions, style, label=label)
-            axis.set_xscale("log")
-            axis.set_xlabel("ms")
-            axis.set_ylabel("fraction of requests")
-            axis.set_title(title)
-            axis.grid(True, which="both", alpha=0.3)
-            axis.legend()
+                _cdf(axis, label, style, values)
+            _decorate(axis, title, "requests")
         fig.suptitle(
             f"kvgate overhead (latency CDFs); max {results['max_rps_gateway']:,.0f} req/s via the "
             f"gateway, {results['max_rps_direct']:,.0f} direct"
         )
+
+
+def _cdf(axis: Any, label: str, style: str, values: list[float]) -> None:
+    ordered = sorted(values)
+    fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+    axis.plot(ordered, fractions, style, label=label)
+
+
+def _decorate(axis: Any, title: str, what: str) -> None:
+    axis.set_xscale("log")
+    axis.set_xlabel("ms")
+    axis.set_ylabel(f"fraction of {what}")
+    axis.set_title(title)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
 
 
 def print_profile(path: Path, top: int = 30) -> None:

@@ -35,6 +35,8 @@ from bench.results_io import percentile
 
 DIRECT = "direct"
 KVGATE = "kvgate"
+StreamSamples = dict[str, tuple[list[float], list[float]]]
+"""Per target: every stream's TTFT and every inter-chunk gap, in milliseconds."""
 _PROMPT = "You are a helpful assistant. Tell the user a long story about a lighthouse keeper."
 
 
@@ -136,8 +138,8 @@ async def _run_streams(
         into.engine_chunks += answer.usage_int("completion_tokens")
 
 
-async def stream_phase(plan: StreamPlan, fleet: Fleet) -> dict[str, Any]:
-    """Every target's streams, rounds in rotating order; the phase's figures."""
+async def stream_phase(plan: StreamPlan, fleet: Fleet) -> tuple[dict[str, Any], StreamSamples]:
+    """Every target's streams, rounds in rotating order; the phase's figures and samples."""
     urls = {DIRECT: fleet.engine_urls[0], KVGATE: fleet.gateway_url, **fleet.peer_urls}
     order = list(urls)
     targets = {name: Target() for name in order}
@@ -161,7 +163,11 @@ async def stream_phase(plan: StreamPlan, fleet: Fleet) -> dict[str, Any]:
                 target.seconds += time.perf_counter() - started
                 target.cpu_s.update({n: s - before[n] for n, s in fleet.cpu_by_process().items()})
                 serial += plan.per_round
-    return summarise_streams(plan, targets)
+    samples = {
+        name: ([v * 1e3 for v in t.ttft_s], [v * 1e3 for v in t.gaps_s])
+        for name, t in targets.items()
+    }
+    return summarise_streams(plan, targets), samples
 
 
 def _ms(values: list[float], pct: float) -> float:
@@ -189,17 +195,21 @@ def _target_figures(target: Target) -> dict[str, Any]:
 
 def summarise_streams(plan: StreamPlan, targets: dict[str, Target]) -> dict[str, Any]:
     """Per target its own figures; per router its process's CPU per 1,000 relayed chunks
-    and what it adds to direct (JSON keys `stream_*`)."""
+    and what it adds to direct (JSON keys `stream_*`). `stream_idle_cpu_ms_per_1k_chunks`:
+    what the router's process used while the direct streams ran (its background work), at
+    the same rate over its own streams' time; included in `stream_cpu_ms_per_1k_chunks`."""
     sides = {name: _target_figures(target) for name, target in targets.items()}
-    direct = sides[DIRECT]
+    direct, direct_s = sides[DIRECT], max(targets[DIRECT].seconds, 1e-9)
     routers: dict[str, dict[str, Any]] = {}
     for name, side in sides.items():
         if name == DIRECT:
             continue
         process = name  # each router's process is named after it
         cpu_s = targets[name].cpu_s[process]
+        idle_s = targets[DIRECT].cpu_s[process] / direct_s * targets[name].seconds
         routers[name] = {
             "stream_cpu_ms_per_1k_chunks": round(cpu_s * 1e6 / max(1, side["chunks"]), 1),
+            "stream_idle_cpu_ms_per_1k_chunks": round(idle_s * 1e6 / max(1, side["chunks"]), 1),
             "stream_added_ttft_p50_ms": round(side["ttft_p50_ms"] - direct["ttft_p50_ms"], 3),
             "stream_added_ttft_p99_ms": round(side["ttft_p99_ms"] - direct["ttft_p99_ms"], 3),
             "stream_added_itl_p50_ms": round(side["itl_p50_ms"] - direct["itl_p50_ms"], 3),

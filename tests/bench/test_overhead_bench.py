@@ -82,7 +82,7 @@ async def test_streaming_phase_counts_every_chunk_the_engine_sent(tmp_path: Path
     `kvgate serve`): every figure present, every chunk counted, the processes gone."""
     plan = StreamPlan(streams=4, tokens=16, rounds=2, decode_ms=(5.0, 0.2))
     async with stream_fleet(tmp_path, plan.decode_ms) as fleet:
-        figures = await asyncio.wait_for(stream_phase(plan, fleet), timeout=60)
+        figures, samples = await asyncio.wait_for(stream_phase(plan, fleet), timeout=60)
         pids = [child.pid for child in fleet.children]
     sent = plan.rounds * plan.per_round * plan.tokens
     assert set(figures["targets"]) == {"direct", "kvgate"}
@@ -100,3 +100,6 @@ async def test_streaming_phase_counts_every_chunk_the_engine_sent(tmp_path: Path
     assert kvgate["stream_cpu_ms_per_1k_chunks"] >= 0
     assert all(math.isfinite(value) for value in kvgate.values())
     assert not [pid for pid in pids if pid is not None and _running(pid)]
+    ttft_ms, gaps_ms = samples["kvgate"]
+    assert len(ttft_ms) == plan.rounds * plan.per_round
+    assert len(gaps_ms) == plan.rounds * plan.per_round * (plan.tokens - 1)
