@@ -16,6 +16,12 @@ text chunks of a stream, the text chunks counted and the completion tokens the
 engine reported (usage), and the CPU seconds of every process while the target's streams
 ran. A router's figures are its own minus direct (added TTFT, added inter-chunk p99) and its
 process's CPU per 1,000 relayed text chunks.
+
+TTFT percentiles carry the engine's schedule (a stream waits for the running decode step
+and for other streams' prefills, 0–60 ms here), so their differences move by a few ms from
+run to run. The engine also counts its own TTFT (arrival → first token, `/metrics`): the
+client's mean TTFT minus the engine's is the time spent outside it, and a router's minus
+direct's (`stream_added_ttft_outside_engine_mean_ms`) is what it adds, without that noise.
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ import asyncio
 import itertools
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import httpx
 
-from bench.harness import MODEL, ChatAnswer, post_chat
+from bench.harness import MODEL, ChatAnswer, EngineCounters, post_chat
+from bench.harness.engine_stats import parse_counters
 from bench.overhead.fleet import Fleet
 from bench.results_io import percentile
 
@@ -96,6 +103,8 @@ class Target:
     cpu_s: Counter[str] = field(default_factory=Counter)
     """CPU seconds per process while this target's streams ran."""
     seconds: float = 0.0
+    engine: EngineCounters = field(default_factory=EngineCounters)
+    """What the engine counted while this target's streams ran (its own TTFTs)."""
 
 
 def _body(index: int, tokens: int) -> dict[str, Any]:
@@ -154,6 +163,7 @@ async def stream_phase(plan: StreamPlan, fleet: Fleet) -> tuple[dict[str, Any], 
             for name in rotated:
                 print(f"    streams, round {round_ + 1}: {name}", flush=True)
                 before = fleet.cpu_by_process()
+                counted = await _engine_counters(client, urls[DIRECT])
                 started = time.perf_counter()
                 target = targets[name]
                 await _run_streams(
@@ -161,6 +171,8 @@ async def stream_phase(plan: StreamPlan, fleet: Fleet) -> tuple[dict[str, Any], 
                     plan.interval_s,
                 )  # fmt: skip
                 target.seconds += time.perf_counter() - started
+                counters = await _engine_counters(client, urls[DIRECT]) - counted
+                target.engine = _sum(target.engine, counters)
                 target.cpu_s.update({n: s - before[n] for n, s in fleet.cpu_by_process().items()})
                 serial += plan.per_round
     samples = {
@@ -170,12 +182,24 @@ async def stream_phase(plan: StreamPlan, fleet: Fleet) -> tuple[dict[str, Any], 
     return summarise_streams(plan, targets), samples
 
 
+async def _engine_counters(client: httpx.AsyncClient, engine_url: str) -> EngineCounters:
+    response = await client.get(f"{engine_url}/metrics")
+    response.raise_for_status()
+    return parse_counters(response.text)
+
+
+def _sum(a: EngineCounters, b: EngineCounters) -> EngineCounters:
+    return EngineCounters(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(a)))
+
+
 def _ms(values: list[float], pct: float) -> float:
     return round(percentile(values, pct) * 1e3, 3) if values else float("nan")
 
 
 def _target_figures(target: Target) -> dict[str, Any]:
     per_1k = 1e6 / max(1, target.chunks)
+    engine_ttft_s = target.engine.ttft_sum_s / max(1.0, target.engine.ttft_count)
+    client_ttft_s = sum(target.ttft_s) / max(1, len(target.ttft_s))
     return {
         "streams": target.streams,
         "chunks": target.chunks,
@@ -185,6 +209,9 @@ def _target_figures(target: Target) -> dict[str, Any]:
         "chunks_per_s": round(target.chunks / target.seconds, 1) if target.seconds else 0.0,
         "ttft_p50_ms": _ms(target.ttft_s, 50),
         "ttft_p99_ms": _ms(target.ttft_s, 99),
+        "ttft_mean_ms": round(client_ttft_s * 1e3, 3),
+        "engine_ttft_mean_ms": round(engine_ttft_s * 1e3, 3),
+        "ttft_outside_engine_mean_ms": round((client_ttft_s - engine_ttft_s) * 1e3, 3),
         "itl_p50_ms": _ms(target.gaps_s, 50),
         "itl_p99_ms": _ms(target.gaps_s, 99),
         "cpu_ms_per_1k_chunks_by_process": {
@@ -215,6 +242,9 @@ def summarise_streams(plan: StreamPlan, targets: dict[str, Target]) -> dict[str,
             ),
             "stream_added_ttft_p50_ms": round(side["ttft_p50_ms"] - direct["ttft_p50_ms"], 3),
             "stream_added_ttft_p99_ms": round(side["ttft_p99_ms"] - direct["ttft_p99_ms"], 3),
+            "stream_added_ttft_outside_engine_mean_ms": round(
+                side["ttft_outside_engine_mean_ms"] - direct["ttft_outside_engine_mean_ms"], 3
+            ),
             "stream_added_itl_p50_ms": round(side["itl_p50_ms"] - direct["itl_p50_ms"], 3),
             "stream_added_itl_p99_ms": round(side["itl_p99_ms"] - direct["itl_p99_ms"], 3),
             "stream_chunks": side["chunks"],

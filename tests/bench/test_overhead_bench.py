@@ -92,6 +92,7 @@ async def test_streaming_phase_counts_every_chunk_the_engine_sent(tmp_path: Path
         assert target["chunks"] == target["engine_chunks"] == sent, name
         assert 0 < target["ttft_p50_ms"] <= target["ttft_p99_ms"], name
         assert 0 <= target["itl_p50_ms"] <= target["itl_p99_ms"], name
+        assert 0 < target["engine_ttft_mean_ms"] < target["ttft_mean_ms"], name
     kvgate = figures["routers"]["kvgate"]
     assert set(kvgate) >= {
         "stream_cpu_ms_per_1k_chunks", "stream_added_ttft_p50_ms", "stream_added_itl_p99_ms"
