@@ -64,6 +64,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "phase (32; quick 16); 2x as many per round and target, starts evenly spread")  # fmt: skip
     add("--stream-tokens", type=int, default=None, help="tokens per stream (256; quick 64)")
     add("--stream-rounds", type=int, default=None, help="rounds per target (2)")
+    add("--stream-policy", default=None, metavar="NAME", help="kvgate's policy for the "
+        "streams (default: its default, prefix-cache)")  # fmt: skip
     add("--stream-decode-ms", type=float, default=25.0, help="the streaming engine's "
         "--decode-ms-per-token (its step adds 0.2 ms per running sequence)")  # fmt: skip
     add_output_arguments(parser, "overhead")  # --json, --plot
@@ -95,6 +97,7 @@ class Plan:
             tokens=args.stream_tokens or (64 if args.quick else 256),
             rounds=args.stream_rounds or 2,
             decode_ms=(args.stream_decode_ms, 0.2),
+            kvgate_policy=args.stream_policy,
         )
         return cls(
             requests=requests,

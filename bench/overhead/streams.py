@@ -56,6 +56,8 @@ class StreamPlan:
     rounds: int
     decode_ms: tuple[float, float]
     """The engine's `--decode-ms-per-token` and `--decode-ms-per-seq`."""
+    kvgate_policy: str | None = None
+    """Sent as `x-kvgate-policy` (None: the gateway's default policy, prefix-cache)."""
 
     @property
     def gap_s(self) -> float:
@@ -83,7 +85,7 @@ class StreamPlan:
             "expected_gap_ms": round(self.gap_s * 1e3, 2),
             "streams_per_round": self.per_round,
             "start_interval_ms": round(self.interval_s * 1e3, 2),
-            "kvgate_policy": "prefix-cache (its default)",
+            "kvgate_policy": self.kvgate_policy or "prefix-cache (its default)",
             "connections": "a new one per stream, every target",
         }
 
@@ -154,7 +156,8 @@ async def stream_phase(plan: StreamPlan, fleet: Fleet) -> tuple[dict[str, Any], 
     targets = {name: Target() for name in order}
     # No pooled connection is kept: each stream connects anew.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=120.0, limits=limits) as client:
+    headers = {"x-kvgate-policy": plan.kvgate_policy} if plan.kvgate_policy else {}
+    async with httpx.AsyncClient(timeout=120.0, limits=limits, headers=headers) as client:
         for url in urls.values():  # warm-up: imports, pools, the engine's first batches
             await _run_streams(client, url, 4, 8, 0, Target())
         serial = 0
