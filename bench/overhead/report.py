@@ -115,10 +115,14 @@ def report(results: dict[str, Any]) -> None:
         ))  # fmt: skip
     for name, why in results["config"]["peers_skipped"].items():
         rows.append((f"router {name}", "not installed: skipped", why[:60]))
+    missing = (
+        f"{PEER} not installed: skipped"
+        if PEER in results["config"]["peers_skipped"]
+        else f"{PEER} not measured (--peers)"
+    )
     for row in results["targets"]:
         mark = {True: "✓", False: "✗", None: "–"}[row["ok"]]
-        limit = f"limit {row['limit']:g} {row['unit']}" if row["limit"] is not None else (
-            f"{PEER} not measured (--peers)")  # fmt: skip
+        limit = missing if row["limit"] is None else f"limit {row['limit']:g} {row['unit']}"
         rows.append((f"{mark} {row['target']}", f"{row['value']:g} {row['unit']}", limit))
     config = results["config"]
     load = config["load_average_before"][0]
