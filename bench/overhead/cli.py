@@ -128,13 +128,13 @@ class Plan:
         ]
 
     def peer_cases(self, peer: str) -> list[Case]:
-        """A peer's requests as kvgate's c1, c32 and c32_tokenized_distinct cases (the
-        policy header means nothing to it)."""
+        """A peer's requests as kvgate's c1, c32 and c32_tokenized_distinct cases, routed
+        by its own policy (`cache_aware`)."""
         one, many, key = self.requests, self.requests_c32, peer.replace("-", "_")
         return [
-            Case(f"c1_{key}", "round-robin", 1, one, via=peer),
-            Case(f"c32_{key}", "round-robin", 32, many, via=peer),
-            Case(f"c32_distinct_{key}", "prefix-cache", 32, many, distinct=True, via=peer),
+            Case(f"c1_{key}", "cache_aware", 1, one, via=peer),
+            Case(f"c32_{key}", "cache_aware", 32, many, via=peer),
+            Case(f"c32_distinct_{key}", "cache_aware", 32, many, distinct=True, via=peer),
         ]
 
     def config(self) -> dict[str, Any]:
