@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from collections import Counter
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.overhead.channels import client_factory
-from bench.overhead.fleet import running_fleet
+from bench.overhead.fleet import running_fleet, stream_fleet
 from bench.overhead.phases import (
     Bodies,
     Case,
@@ -26,8 +27,20 @@ from bench.overhead.phases import (
     summarise,
     throughput,
 )
-from bench.overhead.report import Samples, plot, print_profile, report
+from bench.overhead.report import (
+    Samples,
+    plot,
+    print_profile,
+    report,
+    router_figures,
+    targets,
+)
+from bench.overhead.streams import StreamPlan, StreamSamples, stream_phase
 from bench.results_io import add_output_arguments, write_json
+from bench.routing.routers import PACKAGES, ensure_venv
+
+PEERS = ("sglang-router", "vllm-router")
+"""Peer routers this benchmark can start (`--peers`), each with `--policy cache_aware`."""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +57,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--client", choices=["raw", "httpx"], default="raw", help="load generator's client")
     add("--profile-gateway", type=Path, default=None, metavar="PATH",
         help="run the gateway under cProfile (CPU clock), save the stats here")  # fmt: skip
+    add("--peers", nargs="?", const="sglang-router", default="", metavar="NAMES",
+        help="also measure these routers (comma-separated; alone: sglang-router), installed "
+        "into bench/.venvs/ on first use")  # fmt: skip
+    add("--streams", type=int, default=None, help="streams running at once, streaming "
+        "phase (32; quick 16); 2x as many per round and target, starts evenly spread")  # fmt: skip
+    add("--stream-tokens", type=int, default=None, help="tokens per stream (256; quick 64)")
+    add("--stream-rounds", type=int, default=None, help="rounds per target (2)")
+    add("--stream-policy", default=None, metavar="NAME", help="kvgate's policy for the "
+        "streams (default: its default, prefix-cache)")  # fmt: skip
+    add("--stream-decode-ms", type=float, default=25.0, help="the streaming engine's "
+        "--decode-ms-per-token (its step adds 0.2 ms per running sequence)")  # fmt: skip
     add_output_arguments(parser, "overhead")  # --json, --plot
 
 
@@ -57,10 +81,24 @@ class Plan:
     engines: int
     client: str
     profile: Path | None
+    stream: StreamPlan
+    peers: tuple[str, ...] = ()
+    skipped_peers: tuple[tuple[str, str], ...] = ()
+    """Peers asked for that could not be installed, with why."""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Plan:
+    def from_args(
+        cls, args: argparse.Namespace, peers: tuple[str, ...] = (),
+        skipped: tuple[tuple[str, str], ...] = (),
+    ) -> Plan:  # fmt: skip
         requests = args.requests or (150 if args.quick else 2000)
+        stream = StreamPlan(
+            streams=args.streams or (16 if args.quick else 32),
+            tokens=args.stream_tokens or (64 if args.quick else 256),
+            rounds=args.stream_rounds or 2,
+            decode_ms=(args.stream_decode_ms, 0.2),
+            kvgate_policy=args.stream_policy,
+        )
         return cls(
             requests=requests,
             requests_c32=args.requests_c32 or (320 if args.quick else 4000),
@@ -70,6 +108,9 @@ class Plan:
             engines=args.engines,
             client=args.client,
             profile=args.profile_gateway,
+            stream=stream,
+            peers=peers,
+            skipped_peers=skipped,
         )
 
     def cases(self) -> list[Case]:
@@ -83,6 +124,17 @@ class Plan:
             Case("c32_tokenized", "prefix-cache", 32, many),
             Case("c32_tokenized_distinct", "prefix-cache", 32, many, distinct=True),
             Case("stream", "round-robin", 1, self.stream_requests, stream=True),
+            *(case for peer in self.peers for case in self.peer_cases(peer)),
+        ]
+
+    def peer_cases(self, peer: str) -> list[Case]:
+        """A peer's requests as kvgate's c1, c32 and c32_tokenized_distinct cases, routed
+        by its own policy (`cache_aware`)."""
+        one, many, key = self.requests, self.requests_c32, peer.replace("-", "_")
+        return [
+            Case(f"c1_{key}", "cache_aware", 1, one, via=peer),
+            Case(f"c32_{key}", "cache_aware", 32, many, via=peer),
+            Case(f"c32_distinct_{key}", "cache_aware", 32, many, distinct=True, via=peer),
         ]
 
     def config(self) -> dict[str, Any]:
@@ -98,16 +150,36 @@ class Plan:
             "cpu_cores": os.cpu_count(),
             "processes": "engines, gateway (kvgate serve), load generator: one process each",
             "load_average_before": [round(v, 2) for v in os.getloadavg()],
+            "peers": list(self.peers),
+            "peers_skipped": dict(self.skipped_peers),
         }
+
+
+def resolve_peers(names: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The peers asked for that are installed (installing them on first use), and those
+    that could not be, with why."""
+    ok: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        if name not in PEERS:
+            raise SystemExit(f"kvgate bench overhead: --peers: {name!r} is not one of {PEERS}")
+        try:
+            ensure_venv(PACKAGES[name])
+            ok.append(name)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            print(f"{name} could not be installed ({exc}): its columns are skipped",
+                  file=sys.stderr)  # fmt: skip
+            skipped.append((name, str(exc)))
+    return tuple(ok), tuple(skipped)
 
 
 T = TypeVar("T")
 
 
 def run(args: argparse.Namespace) -> int:
-    plan = Plan.from_args(args)
+    plan = Plan.from_args(args, *resolve_peers(args.peers))
     try:
-        results, samples = asyncio.run(_stoppable(bench(plan)))
+        results, samples, stream_samples = asyncio.run(_stoppable(bench(plan)))
     except (RuntimeError, OSError, EOFError) as exc:  # EOFError: a server hung up mid-answer
         print(f"kvgate bench overhead: {exc!r}", file=sys.stderr)
         return 1
@@ -117,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     report(results)
     write_json(args.json, results)
     print(f"JSON written to {args.json}")
-    plot(args.plot, samples, results)
+    plot(args.plot, samples, stream_samples, results)
     print(f"plot written to {args.plot}")
     if plan.profile is not None:
         print_profile(plan.profile)
@@ -126,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         failed.update(case["error_statuses"])
     for side in ("direct", "gateway"):
         failed.update(results["throughput"][f"{side}_error_statuses"])
+    for name, target in results["streaming"]["targets"].items():
+        failed.update({f"stream {name} {k}": v for k, v in target["failed_streams"].items()})
     if failed:
         print(f"kvgate bench overhead: failed requests by status: {dict(failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -144,14 +218,14 @@ async def _stoppable(work: Coroutine[Any, Any, T]) -> T:
         loop.remove_signal_handler(signal.SIGTERM)
 
 
-async def bench(plan: Plan) -> tuple[dict[str, Any], Samples]:
+async def bench(plan: Plan) -> tuple[dict[str, Any], Samples, StreamSamples]:
     results: dict[str, Any] = {"config": plan.config(), "cases": {}}
     samples: Samples = {}
     bodies = Bodies()
     with tempfile.TemporaryDirectory(prefix="kvgate-overhead-") as workdir:
         async with (
             client_factory(plan.client) as new,
-            running_fleet(plan.engines, Path(workdir), plan.profile) as fleet,
+            running_fleet(plan.engines, Path(workdir), plan.profile, plan.peers) as fleet,
         ):
             for case in plan.cases():
                 print(f"  {case.key}: {case.requests} requests per side...", flush=True)
@@ -165,7 +239,15 @@ async def bench(plan: Plan) -> tuple[dict[str, Any], Samples]:
             print(f"  throughput: {plan.duration_s:g} s per side...", flush=True)
             rps = await throughput(fleet, new, bodies, plan.rps_concurrency, plan.duration_s)
             results["config"]["pids"] = {c.name: c.pid for c in fleet.children}
+        stream = plan.stream
+        print(f"  streaming: {stream.per_round} streams x {stream.tokens} tokens per target, "
+              f"{stream.rounds} round(s), {stream.streams} at once...", flush=True)  # fmt: skip
+        async with stream_fleet(Path(workdir), stream.decode_ms, plan.peers) as fleet:
+            results["streaming"], stream_samples = await stream_phase(stream, fleet)
+            results["config"]["stream_pids"] = {c.name: c.pid for c in fleet.children}
     results["throughput"] = rps
     results["config"]["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     results.update(headline(results["cases"], rps))
-    return results, samples
+    results["routers"] = router_figures(results, plan.peers)
+    results["targets"] = targets(results)
+    return results, samples, stream_samples

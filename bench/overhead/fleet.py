@@ -1,27 +1,35 @@
-"""The benchmark's child processes: simulated engines, `kvgate serve`, a byte relay.
+"""The benchmark's child processes: simulated engines, `kvgate serve`, a byte relay and,
+with `--peers`, peer routers (`bench/routing/routers.py`).
 
 Each is started on loopback, waited for until ready and stopped on the way out; their CPU
-seconds are read from /proc so every phase can say which process saturates.
+seconds are read from /proc so every phase can say which process saturates. The streaming
+phase has a fleet of its own (`stream_fleet`): an engine at real time with the simulator's
+decode latency, a gateway and the peers in front of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import sys
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from bench.harness import (
     ChildProcess,
+    EngineEndpoint,
     GatewayProcess,
     SimOptions,
     SimProcess,
     endpoints_of,
     write_pods_file,
 )
+from bench.routing.routers import make_router
 
 _START_TIMEOUT_S = 30.0
 # A byte relay (no HTTP parsing) in its own process: the cost of one more process hop on
@@ -54,8 +62,12 @@ class Fleet:
     relay_url: str
     """A byte relay to the first engine (the process-hop floor)."""
     children: list[ChildProcess]
+    peer_urls: dict[str, str] = field(default_factory=dict)
+    """Peer routers in front of the engines, by name (their process's name too)."""
 
     def url(self, via: str) -> str:
+        if via in self.peer_urls:
+            return self.peer_urls[via]
         return self.gateway_url if via == "gateway" else self.relay_url
 
     def cpu_s(self, name: str) -> float:
@@ -83,10 +95,31 @@ async def _start_relay(engine_url: str, log: Path, children: list[ChildProcess])
     return f"http://127.0.0.1:{int(line)}"
 
 
+async def _start_peers(
+    peers: Sequence[str],
+    pods_file: Path,
+    endpoints: list[EngineEndpoint],
+    log_dir: Path,
+    children: list[ChildProcess],
+) -> dict[str, str]:
+    """Peer routers in front of `endpoints`, ready (workers registered); their URLs."""
+    urls: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        for name in peers:
+            router = make_router(name, pods_file, endpoints, log_dir, random.Random())
+            children.append(router)
+            await router.start()
+            await router.wait_ready(client, timeout_s=60.0)
+            urls[name] = router.url
+    return urls
+
+
 @contextlib.asynccontextmanager
-async def running_fleet(engines: int, workdir: Path, profile: Path | None) -> AsyncIterator[Fleet]:
-    """Engines, then a gateway in front of them; every process is stopped on the way out,
-    also on errors and Ctrl-C."""
+async def running_fleet(
+    engines: int, workdir: Path, profile: Path | None, peers: Sequence[str] = ()
+) -> AsyncIterator[Fleet]:
+    """Engines, then a gateway (and `peers`) in front of them; every process is stopped on
+    the way out, also on errors and Ctrl-C."""
     children: list[ChildProcess] = []
     try:
         log = workdir / "processes.log"
@@ -101,7 +134,35 @@ async def running_fleet(engines: int, workdir: Path, profile: Path | None) -> As
         children.append(gateway)
         await gateway.start(_START_TIMEOUT_S)
         relay_url = await _start_relay(endpoints[0].url, log, children)
-        yield Fleet([e.url for e in endpoints], gateway.url, relay_url, children)
+        peer_urls = await _start_peers(peers, pods_file, endpoints, workdir / "peers", children)
+        yield Fleet([e.url for e in endpoints], gateway.url, relay_url, children, peer_urls)
+    finally:
+        for child in reversed(children):
+            await child.stop(15.0)
+
+
+@contextlib.asynccontextmanager
+async def stream_fleet(
+    workdir: Path, decode_ms: tuple[float, float], peers: Sequence[str] = ()
+) -> AsyncIterator[Fleet]:
+    """One engine at real time (`decode_ms`: the simulator's `--decode-ms-per-token` and
+    `--decode-ms-per-seq`), a gateway (its default policy) and `peers` in front of it."""
+    children: list[ChildProcess] = []
+    try:
+        log = workdir / "stream-processes.log"
+        per_token, per_seq = decode_ms
+        extra = ("--decode-ms-per-token", f"{per_token:g}", "--decode-ms-per-seq", f"{per_seq:g}")
+        options = SimOptions(max_batch=256, max_model_len=None, extra=extra)
+        engine = SimProcess(options, log, name="stream-0", label="engine")
+        children.append(engine)
+        await engine.start(timeout_s=_START_TIMEOUT_S)
+        pods_file = write_pods_file(workdir / "stream-pods.json", engine.endpoints)
+        gateway = GatewayProcess(pods_file, log, name="kvgate")
+        children.append(gateway)
+        await gateway.start(_START_TIMEOUT_S)
+        peer_dir = workdir / "stream-peers"
+        peer_urls = await _start_peers(peers, pods_file, engine.endpoints, peer_dir, children)
+        yield Fleet([engine.endpoint.url], gateway.url, "", children, peer_urls)
     finally:
         for child in reversed(children):
             await child.stop(15.0)

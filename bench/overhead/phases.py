@@ -33,7 +33,7 @@ class Case:
     distinct: bool = False
     stream: bool = False
     via: str = "gateway"
-    """Through the gateway, or through the byte relay ("relay")."""
+    """Through the gateway, the byte relay ("relay") or a peer router (its name)."""
 
 
 @dataclass
@@ -92,15 +92,15 @@ async def compare_blocks(
     result = Comparison()
     per_block = max(case.concurrency, case.requests // rounds)
     direct_urls = [fleet.engine_urls[w % len(fleet.engine_urls)] for w in range(case.concurrency)]
-    gateway_urls = [fleet.gateway_url] * case.concurrency
+    gateway_urls = [fleet.url(case.via)] * case.concurrency
     for block in range(rounds + 1):
         direct = await closed_loop(case, direct_urls, new, bodies, count=per_block)
-        cpu_before = fleet.cpu_s("gateway")
+        cpu_before = fleet.cpu_s(case.via)
         via = await closed_loop(case, gateway_urls, new, bodies, count=per_block)
         if block:
             result.direct.extend(direct)
             result.gateway.extend(via)
-            result.gateway_cpu_s += fleet.cpu_s("gateway") - cpu_before
+            result.gateway_cpu_s += fleet.cpu_s(case.via) - cpu_before
     return result
 
 

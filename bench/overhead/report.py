@@ -1,4 +1,5 @@
-"""The overhead bench's output: the table on stdout, the latency CDF plot, the profile."""
+"""The overhead bench's output: the table on stdout, the per-router figures and their
+targets, the latency CDF plot, the profile."""
 
 from __future__ import annotations
 
@@ -16,6 +17,67 @@ TARGETS = {
 }
 Samples = dict[str, tuple[list[float], list[float]]]
 """Per case key: the measured milliseconds, direct and via the gateway (or relay)."""
+PEER = "sglang-router"
+"""The peer the targets compare kvgate with."""
+_KVGATE_CASES = {
+    "cpu_us_per_request_c1": "c1",
+    "cpu_us_per_request_c32": "c32",
+    "cpu_us_per_request_c1_tokenized_distinct": "c1_tokenized_distinct",
+    "cpu_us_per_request_c32_tokenized_distinct": "c32_tokenized_distinct",
+}
+_PEER_CASES = {
+    "cpu_us_per_request_c1": "c1_{}",
+    "cpu_us_per_request_c32": "c32_{}",
+    "cpu_us_per_request_c32_distinct": "c32_distinct_{}",
+}
+
+
+def router_figures(results: dict[str, Any], peers: tuple[str, ...]) -> dict[str, Any]:
+    """Per router: its process's CPU per non-streamed request (`cpu_us_per_request_*`, the
+    cases' figures) and its streaming figures (`stream_*`)."""
+    cases, streaming = results["cases"], results["streaming"]["routers"]
+    routers: dict[str, Any] = {
+        "kvgate": {k: cases[c]["gateway_cpu_us_per_request"] for k, c in _KVGATE_CASES.items()}
+    }
+    for peer in peers:
+        key = peer.replace("-", "_")
+        routers[peer] = {
+            k: cases[c.format(key)]["gateway_cpu_us_per_request"] for k, c in _PEER_CASES.items()
+        }
+    for name, figures in streaming.items():
+        routers.setdefault(name, {}).update(figures)
+    return routers
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets for kvgate's CPU and streaming figures; `ok` None: not measured."""
+    routers = results["routers"]
+    kvgate, peer = routers["kvgate"], routers.get(PEER)
+    rows: list[dict[str, Any]] = []
+
+    def check(what: str, value: float, limit: float | None, unit: str) -> None:
+        ok = None if limit is None else value <= limit
+        rows.append({"target": what, "value": value, "limit": limit, "unit": unit, "ok": ok})
+
+    def of_peer(key: str, factor: float) -> float | None:
+        return None if peer is None else round(peer[key] * factor, 1)
+
+    rr, pc = "CPU per request, round-robin", "CPU per request, prefix-cache (distinct prompts)"
+    check(f"{rr}, c=1 <= {PEER}'s", kvgate["cpu_us_per_request_c1"],
+          of_peer("cpu_us_per_request_c1", 1.0), "us")  # fmt: skip
+    check(f"{rr}, c=32 <= {PEER}'s", kvgate["cpu_us_per_request_c32"],
+          of_peer("cpu_us_per_request_c32", 1.0), "us")  # fmt: skip
+    check(f"{pc}, c=1 <= 1.5x {PEER}'s", kvgate["cpu_us_per_request_c1_tokenized_distinct"],
+          of_peer("cpu_us_per_request_c1", 1.5), "us")  # fmt: skip
+    check(f"{pc}, c=32 <= 1.5x {PEER}'s", kvgate["cpu_us_per_request_c32_tokenized_distinct"],
+          of_peer("cpu_us_per_request_c32_distinct", 1.5), "us")  # fmt: skip
+    check(f"CPU per 1,000 relayed chunks <= 2x {PEER}'s", kvgate["stream_cpu_ms_per_1k_chunks"],
+          of_peer("stream_cpu_ms_per_1k_chunks", 2.0), "ms")  # fmt: skip
+    streams = results["streaming"]["config"]["streams"]
+    check(f"added TTFT p50, {streams} concurrent streams <= 5 ms",
+          kvgate["stream_added_ttft_p50_ms"], 5.0, "ms")  # fmt: skip
+    check("added inter-chunk delay p99 <= 2 ms", kvgate["stream_added_itl_p99_ms"], 2.0, "ms")
+    return rows
 
 
 def report(results: dict[str, Any]) -> None:
@@ -35,6 +97,33 @@ def report(results: dict[str, Any]) -> None:
     for side in ("direct", "gateway"):
         cores = ", ".join(f"{n} {v:.2f}" for n, v in rps[f"{side}_cpu_cores"].items())
         rows.append((f"CPU cores busy, {side} run", cores, _busiest(rps[f"{side}_cpu_cores"])))
+    rows += _stream_rows(results["streaming"])
+    for name, figures in results["routers"].items():
+        cpu = ", ".join(
+            f"{k.removeprefix('cpu_us_per_request_')} {v}"
+            for k, v in figures.items() if k.startswith("cpu_us")
+        )  # fmt: skip
+        rows.append((
+            f"router {name}",
+            f"CPU us/request: {cpu}",
+            f"streams: CPU {figures['stream_cpu_ms_per_1k_chunks']} ms per 1k chunks (background "
+            f"{figures['stream_background_cpu_ms_per_1k_chunks']}); added "
+            f"TTFT p50 / p99 {figures['stream_added_ttft_p50_ms']} / "
+            f"{figures['stream_added_ttft_p99_ms']} ms (mean outside the engine "
+            f"{figures['stream_added_ttft_outside_engine_mean_ms']}); added inter-chunk p99 "
+            f"{figures['stream_added_itl_p99_ms']} ms",
+        ))  # fmt: skip
+    for name, why in results["config"]["peers_skipped"].items():
+        rows.append((f"router {name}", "not installed: skipped", why[:60]))
+    missing = (
+        f"{PEER} not installed: skipped"
+        if PEER in results["config"]["peers_skipped"]
+        else f"{PEER} not measured (--peers)"
+    )
+    for row in results["targets"]:
+        mark = {True: "✓", False: "✗", None: "–"}[row["ok"]]
+        limit = missing if row["limit"] is None else f"limit {row['limit']:g} {row['unit']}"
+        rows.append((f"{mark} {row['target']}", f"{row['value']:g} {row['unit']}", limit))
     config = results["config"]
     load = config["load_average_before"][0]
     print_table(
@@ -45,6 +134,24 @@ def report(results: dict[str, Any]) -> None:
         + (" — PROFILED: figures include cProfile's overhead" if config["profiled"] else ""),
         rows,
     )
+
+
+def _stream_rows(streaming: dict[str, Any]) -> list[tuple[str, str, str]]:
+    config = streaming["config"]
+    rows = []
+    for name, side in streaming["targets"].items():
+        cpu = side["cpu_ms_per_1k_chunks_by_process"]
+        rows.append((
+            f"streams {name} ({config['streams']} x {config['tokens_per_stream']} tokens, "
+            f"gap ~{config['expected_gap_ms']:g} ms)",
+            f"TTFT {side['ttft_p50_ms']:.2f} / {side['ttft_p99_ms']:.2f} (mean outside the "
+            f"engine {side['ttft_outside_engine_mean_ms']:.2f}), inter-chunk "
+            f"{side['itl_p50_ms']:.2f} / {side['itl_p99_ms']:.2f} ms (p50 / p99)",
+            f"{side['chunks']} chunks ({side['engine_chunks']} sent by the engine), failed "
+            f"{sum(side['failed_streams'].values())}; CPU ms per 1k chunks: "
+            + ", ".join(f"{n} {v}" for n, v in cpu.items()),
+        ))  # fmt: skip
+    return rows
 
 
 def _value(key: str, value: float) -> str:
@@ -66,34 +173,49 @@ def _busiest(cores: dict[str, float]) -> str:
     return f"busiest: {name} ({busy:.0%} of a core)" + (", saturated" if busy > 0.9 else "")
 
 
-def plot(path: Path, samples: Samples, results: dict[str, Any]) -> None:
+def plot(path: Path, samples: Samples, stream_samples: Samples, results: dict[str, Any]) -> None:
     panels = {
         "c1": "round-robin, concurrency 1",
         "c32": "round-robin, concurrency 32",
         "c1_tokenized_distinct": "prefix-cache, c=1, distinct prompts",
         "stream": "time to first streamed chunk, c=1",
     }
-    with figure(path, 2, 2, figsize=(11, 7), dpi=110) as (fig, axes):
-        for axis, (key, title) in zip(axes.flat, panels.items(), strict=True):
+    streaming = results["streaming"]["config"]
+    at_once = f"{streaming['streams']} streams at once"
+    with figure(path, 3, 2, figsize=(11, 10.5), dpi=110) as (fig, axes):
+        for index, title in enumerate((f"TTFT, {at_once}", f"inter-chunk delay, {at_once}")):
+            axis = axes[2][index]
+            for name, per_kind in stream_samples.items():
+                _cdf(axis, name, "-", per_kind[index])
+            _decorate(axis, title, "streams" if index == 0 else "gaps")
+        for axis, (key, title) in zip(axes.flat, panels.items(), strict=False):
             lines = [("direct", "-", samples[key][0]), ("via gateway", "-", samples[key][1])]
             if key == "c1":
                 direct_run, relay = samples["c1_relay"]
                 lines.append(("direct (relay run)", "--", direct_run))
                 lines.append(("via a byte relay", "--", relay))
             for label, style, values in lines:
-                ordered = sorted(values)
-                fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
-                axis.plot(ordered, fractions, style, label=label)
-            axis.set_xscale("log")
-            axis.set_xlabel("ms")
-            axis.set_ylabel("fraction of requests")
-            axis.set_title(title)
-            axis.grid(True, which="both", alpha=0.3)
-            axis.legend()
+                _cdf(axis, label, style, values)
+            _decorate(axis, title, "requests")
         fig.suptitle(
             f"kvgate overhead (latency CDFs); max {results['max_rps_gateway']:,.0f} req/s via the "
             f"gateway, {results['max_rps_direct']:,.0f} direct"
         )
+
+
+def _cdf(axis: Any, label: str, style: str, values: list[float]) -> None:
+    ordered = sorted(values)
+    fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+    axis.plot(ordered, fractions, style, label=label)
+
+
+def _decorate(axis: Any, title: str, what: str) -> None:
+    axis.set_xscale("log")
+    axis.set_xlabel("ms")
+    axis.set_ylabel(f"fraction of {what}")
+    axis.set_title(title)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
 
 
 def print_profile(path: Path, top: int = 30) -> None:

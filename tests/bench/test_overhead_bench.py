@@ -6,9 +6,13 @@ benchmark started is gone. Timings are never asserted.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from pathlib import Path
 
+from bench.overhead.fleet import stream_fleet
+from bench.overhead.streams import StreamPlan, stream_phase
 from tests.helpers import run_kvgate
 
 FIGURES = (
@@ -41,7 +45,8 @@ def test_bench_overhead_writes_every_figure(tmp_path: Path) -> None:
     args = [
         "bench", "overhead", "--quick", "--requests", "30", "--requests-c32", "64",
         "--stream-requests", "30", "--duration", "1", "--rps-concurrency", "16",
-        "--json", str(out), "--plot", str(plot),
+        "--streams", "2", "--stream-tokens", "8", "--stream-rounds", "1",
+        "--stream-decode-ms", "5", "--json", str(out), "--plot", str(plot),
     ]  # fmt: skip
     result = run_kvgate(*args)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -65,3 +70,37 @@ def test_bench_overhead_writes_every_figure(tmp_path: Path) -> None:
     pids = figures["config"]["pids"]
     assert set(pids) == {"engine-0", "gateway", "relay"}
     assert not [name for name, pid in pids.items() if _running(pid)]
+    kvgate = figures["routers"]["kvgate"]
+    assert kvgate["cpu_us_per_request_c1"] > 0
+    assert kvgate["stream_chunks"] == 2 * 2 * 8  # 2 x --streams per round, 8 tokens each
+    assert {row["ok"] for row in figures["targets"]} <= {True, False, None}
+    assert "added inter-chunk delay p99" in result.stdout
+
+
+async def test_streaming_phase_counts_every_chunk_the_engine_sent(tmp_path: Path) -> None:
+    """The quick streaming phase against real processes (an engine at a 5 ms decode step,
+    `kvgate serve`): every figure present, every chunk counted, the processes gone."""
+    plan = StreamPlan(streams=4, tokens=16, rounds=2, decode_ms=(5.0, 0.2))
+    async with stream_fleet(tmp_path, plan.decode_ms) as fleet:
+        figures, samples = await asyncio.wait_for(stream_phase(plan, fleet), timeout=60)
+        pids = [child.pid for child in fleet.children]
+    sent = plan.rounds * plan.per_round * plan.tokens
+    assert set(figures["targets"]) == {"direct", "kvgate"}
+    for name, target in figures["targets"].items():
+        assert target["failed_streams"] == {}, name
+        assert target["streams"] == plan.rounds * plan.per_round, name
+        assert target["chunks"] == target["engine_chunks"] == sent, name
+        assert 0 < target["ttft_p50_ms"] <= target["ttft_p99_ms"], name
+        assert 0 <= target["itl_p50_ms"] <= target["itl_p99_ms"], name
+        assert 0 < target["engine_ttft_mean_ms"] < target["ttft_mean_ms"], name
+    kvgate = figures["routers"]["kvgate"]
+    assert set(kvgate) >= {
+        "stream_cpu_ms_per_1k_chunks", "stream_added_ttft_p50_ms", "stream_added_itl_p99_ms"
+    }  # fmt: skip
+    assert kvgate["stream_chunks"] == sent
+    assert kvgate["stream_cpu_ms_per_1k_chunks"] >= 0
+    assert all(math.isfinite(value) for value in kvgate.values())
+    assert not [pid for pid in pids if pid is not None and _running(pid)]
+    ttft_ms, gaps_ms = samples["kvgate"]
+    assert len(ttft_ms) == plan.rounds * plan.per_round
+    assert len(gaps_ms) == plan.rounds * plan.per_round * (plan.tokens - 1)
