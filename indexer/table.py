@@ -39,6 +39,10 @@ from indexer.types import (
     UnknownPodError,
 )
 
+_CANDIDATE_LISTS = 256
+"""Distinct candidate lists remembered by `match` (a fleet has a handful: per model, per
+health state); past this many the memory is simply cleared."""
+
 
 class SyncPrefixHashTable:
     """Fleet-wide prefix index fed by KV events (see module docstring)."""
@@ -59,6 +63,9 @@ class SyncPrefixHashTable:
         self._free_bits: list[int] = []
         self._next_bit_index = 0
         self._epochs = 0  # source of PodState.epoch: bumped on every registration and clear
+        self._candidates: dict[tuple[str, ...], tuple[dict[str, int], int]] = {}
+        """Candidate lists seen by `match` -> (name -> pod bit, OR of the bits); emptied
+        whenever a pod's bit changes, so a match does not rebuild it for every request."""
         self._holdings = Holdings(self._by_bit)
         self._expected = ExpectedEntries(self._pods, self._holdings, limits.max_expected_per_pod)
         self._evictor = Evictor(
@@ -99,6 +106,7 @@ class SyncPrefixHashTable:
         )
         self._pods[pod] = state
         self._by_bit[state.bit] = state
+        self._candidates.clear()
         self._epochs += 1
         state.epoch = self._epochs
 
@@ -109,6 +117,7 @@ class SyncPrefixHashTable:
             return
         self._clear_state(state)
         del self._by_bit[state.bit]
+        self._candidates.clear()
         heapq.heappush(self._free_bits, state.bit.bit_length() - 1)
 
     def pods(self) -> list[str]:
@@ -207,9 +216,12 @@ class SyncPrefixHashTable:
         """
         now = self._clock()
         self._evictor.tick(now)
-        pods = self._pods
-        bits = {name: pods[name].bit if name in pods else 0 for name in candidate_pods}
-        return match_prefix(self._stores.get(context), bits, prefix_hashes, now)
+        key = candidate_pods if type(candidate_pods) is tuple else tuple(candidate_pods)
+        found = self._candidates.get(key)
+        if found is None:
+            found = self._candidate_bits(key)
+        bits, alive = found
+        return match_prefix(self._stores.get(context), bits, alive, prefix_hashes, now)
 
     def dump(self, pod: str) -> set[EngineHash]:
         """Engine hashes the index believes `pod` holds, in any tier."""
@@ -307,6 +319,17 @@ class SyncPrefixHashTable:
         self._evictor.run(self._clock() if now is None else now)
 
     # -- internals ------------------------------------------------------------------------
+
+    def _candidate_bits(self, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+        pods = self._pods
+        bits = {name: pods[name].bit if name in pods else 0 for name in names}
+        alive = 0
+        for bit in bits.values():
+            alive |= bit
+        if len(self._candidates) >= _CANDIDATE_LISTS:
+            self._candidates.clear()
+        self._candidates[names] = found = (bits, alive)
+        return found
 
     def _state(self, pod: str) -> PodState:
         state = self._pods.get(pod)
