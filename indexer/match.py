@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
+from operator import and_, neg
 
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
@@ -189,32 +192,57 @@ def match_prefix(
     """For each candidate (name -> pod bit, 0 if unknown; `alive` the OR of the bits), how
     many blocks of `store` from the prompt's start it holds.
 
-    Walks the prompt's blocks once, keeping the mask of candidates still matching, and
-    stops as soon as none is.
+    Walks the prompt's blocks in chunks, keeping the mask of candidates still matching
+    (a running AND over the blocks' holder masks, computed in C), and stops after the
+    chunk where none is. The masks only ever lose bits, so the walk's ends (where some
+    candidates stop) are found by bisection, not by a Python step per block.
     """
-    if store is None or alive == 0 or not prefix_hashes:
-        return MatchResult(len(prefix_hashes), MatchedBlocks(bits, ()), bits)
+    count = len(prefix_hashes)
+    if store is None or alive == 0 or not count:
+        return MatchResult(count, MatchedBlocks(bits, ()), bits)
     store.last_access = now
-    get = store.blocks.get
+    held_get = store.held.get
     ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
-    off_gpu = 0
-    tiered: list[tuple[int, tuple[int, ...]]] = []
-    index = 0
-    for gw_hash in prefix_hashes:
-        block = get(gw_hash)
-        if block is None:
-            break
-        held = block.held & alive
-        if held != alive:
-            if not held:
+    start = 0
+    while True:
+        chunk = prefix_hashes[start : start + _CHUNK]
+        masks = list(accumulate(map(held_get, chunk, repeat(0)), and_, initial=alive))
+        # masks[k]: the candidates holding the first start + k blocks; never gains a bit,
+        # so it never grows as an integer either.
+        size = len(masks)
+        at = 0
+        while True:
+            at = bisect_right(masks, -alive, at, size, key=neg)  # first k with fewer pods
+            if at == size:
                 break
-            ends.append((index, alive ^ held))
-            alive = held
-        block.last_access = now
-        masks = block.masks
-        if masks is not None:
-            tiered.append((index, tuple(masks)))
-            off_gpu |= (masks[_CPU] | masks[_STORAGE] | masks[_EXPECTED]) & ~masks[_GPU]
-        index += 1
-    ends.append((index, alive))
-    return MatchResult(len(prefix_hashes), MatchedBlocks(bits, ends), bits, tuple(tiered), off_gpu)
+            following = masks[at]
+            ends.append((start + at - 1, alive ^ following))
+            alive = following
+            if not alive:
+                break
+        if not alive:
+            matched = ends[-1][0]
+            break
+        start += len(chunk)
+        if start >= count:
+            ends.append((count, alive))
+            matched = count
+            break
+    held = prefix_hashes[:matched]
+    store.access.update(zip(held, repeat(now)))
+    tiered: list[tuple[int, tuple[int, ...]]] = []
+    off_gpu = 0
+    tiers = store.tiers
+    if tiers and not tiers.keys().isdisjoint(held):
+        for index, gw_hash in enumerate(held):
+            block_masks = tiers.get(gw_hash)
+            if block_masks is not None:
+                tiered.append((index, tuple(block_masks)))
+                off_gpu |= (
+                    block_masks[_CPU] | block_masks[_STORAGE] | block_masks[_EXPECTED]
+                ) & ~block_masks[_GPU]
+    return MatchResult(count, MatchedBlocks(bits, ends), bits, tuple(tiered), off_gpu)
+
+
+_CHUNK = 64
+"""Blocks per step of the walk: a prompt no candidate holds stops after one chunk."""

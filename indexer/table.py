@@ -1,7 +1,8 @@
 """The sync prefix-hash table: which pod holds which prompt prefix, fleet-wide.
 
-ModelContext -> PrefixStore (gateway hash -> Block: holder bit masks per tier, last
-access); per pod, engine hash -> gateway block(s) for each tier. Engine hashes are
+ModelContext -> PrefixStore (gateway hash -> holder bit mask, plus per-tier masks for
+the few blocks held off-GPU, and last access: plain ints in dicts, no object per block);
+per pod, engine hash -> gateway hash(es) for each tier. Engine hashes are
 opaque and per pod; the gateway computes its own chained hashes from the events' token
 ids, so one prompt hashes the same whatever pod (or engine kind) holds it.
 
@@ -193,7 +194,7 @@ class SyncPrefixHashTable:
         store = evictor.store_for(context, now)
         refreshed = self._expected.add(state, store, prefix_hashes, now + ttl, now)
         store.last_access = now
-        if len(store.blocks) > limits.max_prefixes_per_context:
+        if len(store.held) > limits.max_prefixes_per_context:
             evictor.trim(store)
         self._expected.compact_if_sparse()
         return refreshed
@@ -276,7 +277,7 @@ class SyncPrefixHashTable:
         return IndexStats(
             pods=len(self._pods),
             contexts=len(self._stores),
-            blocks=sum(len(store.blocks) for store in self._stores.values()),
+            blocks=sum(len(store.held) for store in self._stores.values()),
             pairs=holdings.pairs,
             engine_entries=sum(state.size for state in self._pods.values()),
             expected=holdings.expected_count,
