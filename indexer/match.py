@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
-from itertools import accumulate, repeat
-from operator import and_, neg
+from itertools import compress, islice, repeat
+from itertools import count as count_from
+from operator import ne
 
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
@@ -192,42 +192,41 @@ def match_prefix(
     """For each candidate (name -> pod bit, 0 if unknown; `alive` the OR of the bits), how
     many blocks of `store` from the prompt's start it holds.
 
-    Walks the prompt's blocks in chunks, keeping the mask of candidates still matching
-    (a running AND over the blocks' holder masks, computed in C), and stops after the
-    chunk where none is. The masks only ever lose bits, so the walk's ends (where some
-    candidates stop) are found by bisection, not by a Python step per block.
+    Walks the prompt's blocks in chunks: the holder masks of a chunk are fetched in C,
+    and only where a mask differs from the one before it (few places: a prefix's holders
+    change rarely along it) does Python narrow the mask of candidates still matching. It
+    stops after the chunk where none is.
     """
-    count = len(prefix_hashes)
-    if store is None or alive == 0 or not count:
-        return MatchResult(count, MatchedBlocks(bits, ()), bits)
+    total = len(prefix_hashes)
+    if store is None or alive == 0 or not total:
+        return MatchResult(total, MatchedBlocks(bits, ()), bits)
     store.last_access = now
     held_get = store.held.get
     ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
     start = 0
-    while True:
-        chunk = prefix_hashes[start : start + _CHUNK]
-        masks = list(accumulate(map(held_get, chunk, repeat(0)), and_, initial=alive))
-        # masks[k]: the candidates holding the first start + k blocks; never gains a bit,
-        # so it never grows as an integer either.
+    matched = total
+    while start < total:
+        masks = list(map(held_get, prefix_hashes[start : start + _CHUNK]))
         size = len(masks)
-        at = 0
-        while True:
-            at = bisect_right(masks, -alive, at, size, key=neg)  # first k with fewer pods
-            if at == size:
-                break
-            following = masks[at]
-            ends.append((start + at - 1, alive ^ following))
-            alive = following
-            if not alive:
-                break
+        # Where each run of equal masks starts (after the first), then the chunk's end.
+        cuts = list(compress(count_from(1), map(ne, masks, islice(masks, 1, None))))
+        cuts.append(size)
+        begin = 0
+        for cut in cuts:
+            mask = masks[begin]
+            still = alive & mask if mask is not None else 0
+            if still != alive:
+                ends.append((start + begin, alive ^ still))
+                alive = still
+                if not alive:
+                    break
+            begin = cut
         if not alive:
             matched = ends[-1][0]
             break
-        start += len(chunk)
-        if start >= count:
-            ends.append((count, alive))
-            matched = count
-            break
+        start += size
+    else:
+        ends.append((total, alive))
     held = prefix_hashes[:matched]
     store.access.update(zip(held, repeat(now)))
     tiered: list[tuple[int, tuple[int, ...]]] = []
@@ -241,7 +240,7 @@ def match_prefix(
                 off_gpu |= (
                     block_masks[_CPU] | block_masks[_STORAGE] | block_masks[_EXPECTED]
                 ) & ~block_masks[_GPU]
-    return MatchResult(count, MatchedBlocks(bits, ends), bits, tuple(tiered), off_gpu)
+    return MatchResult(total, MatchedBlocks(bits, ends), bits, tuple(tiered), off_gpu)
 
 
 _CHUNK = 64
