@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
-from itertools import compress, islice, repeat
-from itertools import count as count_from
-from operator import ne
+from itertools import repeat
 
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
@@ -192,41 +190,28 @@ def match_prefix(
     """For each candidate (name -> pod bit, 0 if unknown; `alive` the OR of the bits), how
     many blocks of `store` from the prompt's start it holds.
 
-    Walks the prompt's blocks in chunks: the holder masks of a chunk are fetched in C,
-    and only where a mask differs from the one before it (few places: a prefix's holders
-    change rarely along it) does Python narrow the mask of candidates still matching. It
-    stops after the chunk where none is.
+    Walks the prompt's blocks once, keeping the mask of candidates still matching (an int
+    AND per block), and stops as soon as none is.
     """
     total = len(prefix_hashes)
     if store is None or alive == 0 or not total:
         return MatchResult(total, MatchedBlocks(bits, ()), bits)
     store.last_access = now
-    held_get = store.held.get
+    get = store.held.get
     ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
-    start = 0
-    matched = total
-    while start < total:
-        masks = list(map(held_get, prefix_hashes[start : start + _CHUNK]))
-        size = len(masks)
-        # Where each run of equal masks starts (after the first), then the chunk's end.
-        cuts = list(compress(count_from(1), map(ne, masks, islice(masks, 1, None))))
-        cuts.append(size)
-        begin = 0
-        for cut in cuts:
-            mask = masks[begin]
-            still = alive & mask if mask is not None else 0
-            if still != alive:
-                ends.append((start + begin, alive ^ still))
-                alive = still
-                if not alive:
-                    break
-            begin = cut
-        if not alive:
-            matched = ends[-1][0]
+    matched = 0
+    for gw_hash in prefix_hashes:
+        mask = get(gw_hash)
+        if mask is None:
             break
-        start += size
-    else:
-        ends.append((total, alive))
+        still = mask & alive
+        if still != alive:
+            if not still:
+                break
+            ends.append((matched, alive ^ still))
+            alive = still
+        matched += 1
+    ends.append((matched, alive))
     held = prefix_hashes[:matched]
     store.access.update(zip(held, repeat(now)))
     tiered: list[tuple[int, tuple[int, ...]]] = []
@@ -241,7 +226,3 @@ def match_prefix(
                     block_masks[_CPU] | block_masks[_STORAGE] | block_masks[_EXPECTED]
                 ) & ~block_masks[_GPU]
     return MatchResult(total, MatchedBlocks(bits, ends), bits, tuple(tiered), off_gpu)
-
-
-_CHUNK = 64
-"""Blocks per step of the walk: a prompt no candidate holds stops after one chunk."""
