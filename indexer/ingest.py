@@ -264,6 +264,13 @@ class Ingest:
         unlink = holdings.unlink
         unlink_target = holdings.unlink_target
         base = state.base
+        # The common case, inlined below: a base-context block on GPU only, no extra refs.
+        fast = base is not None and not state.extra_refs[tier]
+        held = base.held if base is not None else {}
+        held_get = held.get
+        base_tiers = base.tiers if base is not None else {}
+        clear = ~state.bit
+        pairs_dropped = 0
         known = 0
         partials = state.partials[tier]
         for engine_hash in block_hashes:
@@ -272,22 +279,34 @@ class Ingest:
                 self.unknown_removals += 1
                 continue
             known += 1
-            extra = copies.get(engine_hash)
-            if extra:
-                if extra == 1:
-                    del copies[engine_hash]
-                else:
-                    copies[engine_hash] = extra - 1
-                continue
+            if copies:
+                extra = copies.get(engine_hash)
+                if extra:
+                    if extra == 1:
+                        del copies[engine_hash]
+                    else:
+                        copies[engine_hash] = extra - 1
+                    continue
             state.size -= 1
             if target is None:
                 del partials[engine_hash]
                 continue
             del entries[engine_hash]
             if type(target) is int and base is not None:
+                if fast and target not in base_tiers:
+                    mask = held_get(target)
+                    if mask is not None:
+                        pairs_dropped += 1
+                        mask &= clear
+                        if mask:
+                            held[target] = mask
+                        else:
+                            base.forget(target)
+                    continue
                 unlink(state, base, target, tier)
             else:
                 unlink_target(state, target, tier)
+        holdings.pairs -= pairs_dropped
         return known
 
     def restore(self, state: PodState, index: PodIndexState, now: float) -> int:
