@@ -7,11 +7,11 @@ import heapq
 from collections.abc import Mapping
 from operator import attrgetter
 
-from indexer.block import Block, PrefixStore
+from indexer.block import PrefixStore
 from indexer.config import IndexLimits
 from indexer.expected import ExpectedEntries
 from indexer.holdings import Holdings
-from indexer.pod import PodState, blocks_of
+from indexer.pod import PodState
 from indexer.types import REAL_TIERS, ModelContext
 
 _EVICT_TO = 0.9  # a store over its cap is trimmed to 90% of it, so trims are rare
@@ -64,7 +64,7 @@ class Evictor:
         self._expected.expire(now)
         cap = self._limits.max_prefixes_per_context
         for store in list(self._stores.values()):
-            if len(store.blocks) > cap:
+            if len(store.held) > cap:
                 self.trim(store)
         while len(self._stores) > self._limits.max_contexts:
             oldest = min(self._stores.values(), key=_last_access)
@@ -86,44 +86,69 @@ class Evictor:
     def trim(self, store: PrefixStore) -> None:
         """Evict the least recently used blocks of a store over its cap."""
         keep = int(self._limits.max_prefixes_per_context * _EVICT_TO)
-        excess = len(store.blocks) - keep
+        access = store.access
+        excess = len(access) - keep
         if excess <= 0:
             return
         # Oldest first; among equally old blocks the newest inserted first, which takes a
         # chain from its tail (children are created after their parents): a tail left
         # without its root could never be matched.
-        newest_first = reversed(store.blocks.values())
-        if self._kill_all(heapq.nsmallest(excess, newest_first, key=_last_access)):
-            self._sweep_dead_refs()
+        newest_first = reversed(access.keys())
+        if self._kill_all(store, heapq.nsmallest(excess, newest_first, key=access.__getitem__)):
+            self._sweep_dead_refs(store)
 
     def _drop_store(self, store: PrefixStore) -> None:
-        orphaned = self._kill_all(list(store.blocks.values()))
+        orphaned = self._kill_all(store, list(store.held))
         del self._stores[store.context]
+        store.alive = False
         self.evicted_contexts += 1
         if orphaned:
-            self._sweep_dead_refs()
+            self._sweep_dead_refs(store)
+        for state in self._pods.values():
+            if state.base is store:
+                state.base = None
 
-    def _kill_all(self, blocks: list[Block]) -> int:
-        """Evict `blocks` for every pod; returns how many pod entries point at them."""
+    def _kill_all(self, store: PrefixStore, hashes: list[int]) -> int:
+        """Evict blocks of `store` for every pod; returns how many pod entries point at
+        them."""
         kill = self._holdings.kill
-        orphaned = sum(kill(block) for block in blocks)
-        self.evicted_blocks += len(blocks)
+        orphaned = sum([kill(store, gw_hash) for gw_hash in hashes])
+        self.evicted_blocks += len(hashes)
         return orphaned
 
-    def _sweep_dead_refs(self) -> None:
-        """Drop pod entries that point at evicted blocks, so memory stays bounded."""
+    def _sweep_dead_refs(self, store: PrefixStore) -> None:
+        """Drop pod entries that point at evicted blocks of `store`, so memory stays
+        bounded (their blocks are gone: the pods' bits went with them)."""
         unlink = self._holdings.unlink
+        held = store.held
+        alive = store.alive
         for state in self._pods.values():
+            resolve = state.resolve
             for tier in REAL_TIERS:
                 entries = state.entries[tier]
-                dead = [h for h, t in entries.items() if any(b.store is None for b in blocks_of(t))]
+                dead = []
+                for engine_hash, target in entries.items():
+                    if type(target) is int:
+                        if state.base is store and (not alive or target not in held):
+                            dead.append(engine_hash)
+                        continue
+                    where, hashes = resolve(target)
+                    if where is store and (not alive or not all(h in held for h in hashes)):
+                        dead.append(engine_hash)
                 for engine_hash in dead:
                     target = entries.pop(engine_hash)
                     state.copies[tier].pop(engine_hash, None)
                     state.size -= 1
-                    for block in blocks_of(target):
-                        if block.store is not None:  # a multi-block entry partly evicted
-                            unlink(state, block, tier)
+                    _, hashes = resolve(target)
+                    for gw_hash in hashes:
+                        if gw_hash in held:  # a multi-block entry partly evicted
+                            unlink(state, store, gw_hash, tier)
                 refs = state.extra_refs[tier]
-                for block in [b for b in refs if b.store is None]:
-                    del refs[block]
+                if refs:
+                    for key in [k for k in refs if _dead_key(state, store, k)]:
+                        del refs[key]
+
+
+def _dead_key(state: PodState, store: PrefixStore, key: int | tuple[PrefixStore, int]) -> bool:
+    where, gw_hash = state.unkey(key)
+    return where is store and (not store.alive or gw_hash not in store.held)

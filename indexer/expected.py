@@ -1,8 +1,8 @@
 """Router-side entries: blocks a pod is expected to hold because the router sent it a
 request (or because the pod publishes no events), each until its expiry.
 
-A pod's entries live in `PodState.expected` (block -> expiry, in LRU order) and as the
-EXPECTED bit on the blocks; one heap over the whole table finds the ones due.
+A pod's entries live in `PodState.expected` (block key -> expiry, in LRU order) and as
+the EXPECTED bit on the blocks; one heap over the whole table finds the ones due.
 """
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import heapq
 from collections.abc import Mapping, Sequence
 from itertools import islice
 
-from indexer.block import Block, PrefixStore
+from indexer.block import PrefixStore
 from indexer.holdings import Holdings
-from indexer.pod import PodState
+from indexer.pod import Key, PodState
 from indexer.types import Tier
 
 _EXPECTED = Tier.EXPECTED
 
-Expiry = tuple[float, int, PodState, Block]
-"""(expiry, tiebreak, pod, block). Entries whose pod or expiry changed since they were
+Expiry = tuple[float, int, PodState, Key]
+"""(expiry, tiebreak, pod, block key). Entries whose pod or expiry changed since they were
 pushed are skipped when popped, and dropped by the next compaction."""
 
 
@@ -52,41 +52,43 @@ class ExpectedEntries:
         heap = self._heap
         seq = self._seq
         added = refreshed = 0
+        state.use_store(store)
+        key_of = state.key
         for gw_hash in prefix_hashes:
-            block = store.get_or_create(gw_hash, now)
-            block.last_access = now
-            if block.real_mask() & bit:
+            store.touch(gw_hash, now)
+            if store.real_mask(gw_hash) & bit:
                 continue
-            if block in expected:
-                del expected[block]  # re-inserted below: dict order is the pod's LRU order
+            key = key_of(store, gw_hash)
+            if key in expected:
+                del expected[key]  # re-inserted below: dict order is the pod's LRU order
             else:
-                masks = block.tier_masks()
+                masks = store.tier_masks(gw_hash)
                 masks[_EXPECTED] |= bit
-                block.refresh()
+                store.refresh(gw_hash, masks)
                 added += 1
-            expected[block] = expiry
+            expected[key] = expiry
             seq += 1
-            heapq.heappush(heap, (expiry, seq, state, block))
+            heapq.heappush(heap, (expiry, seq, state, key))
             refreshed += 1
         self._seq = seq
         holdings = self._holdings
         holdings.expected_count += added
         overflow = len(expected) - self._max_per_pod
         if overflow > 0:
-            for block in list(islice(expected, overflow)):
-                del expected[block]
-                holdings.drop_expected_bit(block, bit)
+            for key in list(islice(expected, overflow)):
+                del expected[key]
+                holdings.drop_expected_bit(*state.unkey(key), bit)
         return refreshed
 
     def expire(self, now: float) -> None:
         """Drop every entry due by `now`."""
         heap = self._heap
         while heap and heap[0][0] <= now:
-            expiry, _, state, block = heapq.heappop(heap)
-            if self._pods.get(state.name) is not state or state.expected.get(block) != expiry:
+            expiry, _, state, key = heapq.heappop(heap)
+            if self._pods.get(state.name) is not state or state.expected.get(key) != expiry:
                 continue  # refreshed, confirmed, evicted, or the pod went
-            del state.expected[block]
-            self._holdings.drop_expected_bit(block, state.bit)
+            del state.expected[key]
+            self._holdings.drop_expected_bit(*state.unkey(key), state.bit)
             self.expired += 1
 
     def compact_if_sparse(self) -> None:
@@ -96,9 +98,9 @@ class ExpectedEntries:
             return
         pods = self._pods
         live = [
-            (expiry, seq, state, block)
-            for expiry, seq, state, block in self._heap
-            if pods.get(state.name) is state and state.expected.get(block) == expiry
+            (expiry, seq, state, key)
+            for expiry, seq, state, key in self._heap
+            if pods.get(state.name) is state and state.expected.get(key) == expiry
         ]
         heapq.heapify(live)
         self._heap = live

@@ -1,12 +1,14 @@
 """Chained prefix hashing over fixed-size blocks of token ids.
 
-h_0 = xxh64(seed, seed_le64 ‖ tokens of block 0)
-h_i = xxh64(seed, h_{i-1}_le64 ‖ tokens of block i)
+h_0 = xxh64(tokens of block 0, seed=seed)
+h_i = xxh64(tokens of block i, seed=h_{i-1})
 
-Tokens are serialized once per call as little-endian uint32 (token ids never exceed
-2**32 in any tokenizer we route for), the parent as little-endian uint64. The seed is
-configuration, never random: every replica and every restart must compute the same
-hashes, or snapshots and peer replicas would disagree.
+The parent hash is the xxh64 seed of its child, so a block costs one slice and one call
+(no concatenation). Tokens are serialized once per call as little-endian uint32 (token
+ids never exceed 2**32 in any tokenizer we route for). The seed is configuration, never
+random: every replica and every restart must compute the same hashes, or snapshots and
+peer replicas would disagree. `HASH_VERSION` names this definition; snapshots record it
+(as their format version) and a process refuses hashes of another definition.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Sequence
 import xxhash
 
 DEFAULT_HASH_SEED = 0x6B76_6761_7465  # "kvgate" — any fixed value works; keep it stable.
+HASH_VERSION = 2
+"""1: xxh64(parent_le64 ‖ tokens, seed); 2: xxh64(tokens, seed=parent) (see above)."""
 _MAX_SEED = 2**64 - 1
 _TOKEN_BYTES = 4
 if array("I").itemsize != _TOKEN_BYTES:  # pragma: no cover - no such platform in practice
@@ -55,14 +59,12 @@ class PrefixHasher:
             return []
         raw = _serialize(token_ids, blocks * size)
         step = size * _TOKEN_BYTES
-        seed = self.seed
         digest = xxhash.xxh64_intdigest
-        out = [0] * blocks
-        offset = 0
-        for i in range(blocks):
-            parent = digest(parent.to_bytes(8, "little") + raw[offset : offset + step], seed)
-            out[i] = parent
-            offset += step
+        out: list[int] = []
+        append = out.append
+        for offset in range(0, blocks * step, step):
+            parent = digest(raw[offset : offset + step], parent)
+            append(parent)
         return out
 
 

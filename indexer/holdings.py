@@ -1,16 +1,16 @@
 """Who holds which block: the pod bits on blocks, kept in step with the pods' entries.
 
-Every change of a block's masks goes through `Holdings`, which keeps the `Block`
+Every change of a block's masks goes through `Holdings`, which keeps the `PrefixStore`
 invariants (see block.py) and the table-wide counts of (pod, block) pairs and of
 router-side entries. A block nobody holds any more is dropped from its store at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from indexer.block import Block
-from indexer.pod import PodState, Target, blocks_of
+from indexer.block import PrefixStore
+from indexer.pod import PodState, Target
 from indexer.types import REAL_TIERS, EngineHash, Tier
 
 _GPU, _EXPECTED = Tier.GPU, Tier.EXPECTED
@@ -29,130 +29,146 @@ class Holdings:
         self.expected_count = 0
         """Router-side (expected) entries over all pods."""
 
-    def link(self, state: PodState, target: Target, tier: Tier) -> None:
-        """A new engine entry of `state` in `tier` stands for `target`."""
+    def link(self, state: PodState, store: PrefixStore, hashes: Iterable[int], tier: Tier) -> None:
+        """A new engine entry of `state` in `tier` stands for these blocks of `store`
+        (created by the caller with `PrefixStore.touch`)."""
         bit = state.bit
-        for block in blocks_of(target):
-            if block.masks is None and tier is _GPU:
-                if block.held & bit:
-                    add_extra_ref(state, block, tier)
+        held, tiers = store.held, store.tiers
+        for gw_hash in hashes:
+            if tier is _GPU and gw_hash not in tiers:
+                mask = held[gw_hash]
+                if mask & bit:
+                    add_extra_ref(state, store, gw_hash, tier)
                 else:
-                    block.held |= bit
+                    held[gw_hash] = mask | bit
                     self.pairs += 1
                 continue
-            masks = block.tier_masks()
+            masks = store.tier_masks(gw_hash)
             if masks[tier] & bit:
-                add_extra_ref(state, block, tier)
+                add_extra_ref(state, store, gw_hash, tier)
                 continue
-            if not block.real_mask() & bit:
+            if not store.real_mask(gw_hash) & bit:
                 self.pairs += 1
             masks[tier] |= bit
             if masks[_EXPECTED] & bit:  # a BlockStored confirmed the router's expectation
                 masks[_EXPECTED] &= ~bit
-                del state.expected[block]
+                del state.expected[state.key(store, gw_hash)]
                 self.expected_count -= 1
-            block.refresh()
+            store.refresh(gw_hash, masks)
 
-    def unlink(self, state: PodState, block: Block, tier: Tier) -> None:
-        """One engine entry of `state` in `tier` no longer stands for `block`."""
+    def unlink(self, state: PodState, store: PrefixStore, gw_hash: int, tier: Tier) -> None:
+        """One engine entry of `state` in `tier` no longer stands for `gw_hash`."""
         refs = state.extra_refs[tier]
-        extra = refs.get(block)
-        if extra:
-            if extra == 1:
-                del refs[block]
-            else:
-                refs[block] = extra - 1
-            return
-        if block.store is None:
+        if refs:
+            key = state.key(store, gw_hash)
+            extra = refs.get(key)
+            if extra:
+                if extra == 1:
+                    del refs[key]
+                else:
+                    refs[key] = extra - 1
+                return
+        held = store.held
+        mask = held.get(gw_hash)
+        if mask is None:
             return
         bit = state.bit
-        if block.masks is None:
-            block.held &= ~bit
+        masks = store.tiers.get(gw_hash)
+        if masks is None:
             self.pairs -= 1
+            mask &= ~bit
+            if mask:
+                held[gw_hash] = mask
+            else:
+                store.forget(gw_hash)
         else:
-            block.masks[tier] &= ~bit
-            if not block.real_mask() & bit:
+            masks[tier] &= ~bit
+            if not store.real_mask(gw_hash) & bit:
                 self.pairs -= 1
-            block.refresh()
-        if not block.held:
-            forget(block)
+            store.refresh(gw_hash, masks)
+
+    def unlink_target(self, state: PodState, target: Target, tier: Tier) -> None:
+        if type(target) is int:
+            base = state.base
+            if base is not None:
+                self.unlink(state, base, target, tier)
+            return
+        store, hashes = state.resolve(target)
+        for gw_hash in hashes:
+            self.unlink(state, store, gw_hash, tier)
 
     def drop_entry(self, state: PodState, tier: Tier, engine_hash: EngineHash, old: Target) -> None:
         """Drop the engine entry `engine_hash` of `state` in `tier` (all its copies)."""
         del state.entries[tier][engine_hash]
         state.copies[tier].pop(engine_hash, None)
         state.size -= 1
-        for block in blocks_of(old):
-            self.unlink(state, block, tier)
+        self.unlink_target(state, old, tier)
 
-    def drop_expected_bit(self, block: Block, bit: int) -> None:
-        """Drop the router-side entry of the pod with `bit` from `block` (the caller has
+    def drop_expected_bit(self, store: PrefixStore, gw_hash: int, bit: int) -> None:
+        """Drop the router-side entry of the pod with `bit` from a block (the caller has
         already removed it from the pod's `expected`)."""
-        if block.store is None or block.masks is None:
+        masks = store.tiers.get(gw_hash)
+        if masks is None:
             return
-        block.masks[_EXPECTED] &= ~bit
-        block.refresh()
+        masks[_EXPECTED] &= ~bit
         self.expected_count -= 1
-        if not block.held:
-            forget(block)
+        store.refresh(gw_hash, masks)
 
     def drop_pod(self, state: PodState) -> None:
         """Remove `state`'s bit from every block it holds or expects, and empty it."""
         bit = state.bit
         for tier in REAL_TIERS:
             for target in state.entries[tier].values():
-                for block in blocks_of(target):
-                    self._drop_bit(block, bit)
-        for block in state.expected:
-            self._drop_bit(block, bit)
+                store, hashes = state.resolve(target)
+                for gw_hash in hashes:
+                    self._drop_bit(store, gw_hash, bit)
+        for key in state.expected:
+            store, gw_hash = state.unkey(key)
+            self._drop_bit(store, gw_hash, bit)
         state.clear()
 
-    def _drop_bit(self, block: Block, bit: int) -> None:
-        """Remove the pod with `bit` from `block` in every tier (idempotent)."""
-        if block.store is None or not block.held & bit:
+    def _drop_bit(self, store: PrefixStore, gw_hash: int, bit: int) -> None:
+        """Remove the pod with `bit` from a block in every tier (idempotent)."""
+        mask = store.held.get(gw_hash, 0)
+        if not mask & bit:
             return
-        if block.masks is None:
-            block.held &= ~bit
+        masks = store.tiers.get(gw_hash)
+        if masks is None:
             self.pairs -= 1
-        else:
-            masks = block.masks
-            if block.real_mask() & bit:
-                self.pairs -= 1
-            if masks[_EXPECTED] & bit:
-                self.expected_count -= 1
-            for tier in Tier:
-                masks[tier] &= ~bit
-            block.refresh()
-        if not block.held:
-            forget(block)
+            mask &= ~bit
+            if mask:
+                store.held[gw_hash] = mask
+            else:
+                store.forget(gw_hash)
+            return
+        if store.real_mask(gw_hash) & bit:
+            self.pairs -= 1
+        if masks[_EXPECTED] & bit:
+            self.expected_count -= 1
+        for tier in Tier:
+            masks[tier] &= ~bit
+        store.refresh(gw_hash, masks)
 
-    def kill(self, block: Block) -> int:
+    def kill(self, store: PrefixStore, gw_hash: int) -> int:
         """Drop a block for every pod (a cap was crossed); returns how many pods' entries
         now point at it (to be swept)."""
-        holders = block.real_mask().bit_count()
+        holders = store.real_mask(gw_hash).bit_count()
         self.pairs -= holders
-        if block.masks is not None:
-            expected = block.masks[_EXPECTED]
+        masks = store.tiers.get(gw_hash)
+        if masks is not None:
+            expected = masks[_EXPECTED]
             while expected:
                 low = expected & -expected
                 expected ^= low
-                self._by_bit[low].expected.pop(block, None)
+                state = self._by_bit[low]
+                state.expected.pop(state.key(store, gw_hash), None)
                 self.expected_count -= 1
-        block.held = 0
-        block.masks = None
-        forget(block)
+        store.forget(gw_hash)
         return holders
 
 
-def add_extra_ref(state: PodState, block: Block, tier: Tier) -> None:
+def add_extra_ref(state: PodState, store: PrefixStore, gw_hash: int, tier: Tier) -> None:
     """Another engine entry of `state` in `tier` stands for a block it already holds."""
     refs = state.extra_refs[tier]
-    refs[block] = refs.get(block, 0) + 1
-
-
-def forget(block: Block) -> None:
-    """Drop a block nobody holds from its store."""
-    store = block.store
-    if store is not None:
-        del store.blocks[block.gw_hash]
-        block.store = None
+    key = state.key(store, gw_hash)
+    refs[key] = refs.get(key, 0) + 1

@@ -11,25 +11,41 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from indexer.block import Block
+from indexer.block import PrefixStore
 from indexer.config import IndexLimits
 from indexer.eviction import Evictor
 from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
-from indexer.pod import Partial, PodState, Target, blocks_of
+from indexer.pod import OtherContext, Partial, PodState, Target
 from indexer.snapshot import PodIndexState
 from indexer.types import EngineHash, StoredBlocksEvent, Tier
 
 _GPU = Tier.GPU
 
 
-def _stands_for(target: Target, gateway_hashes: list[int], first: int, count: int) -> bool:
-    """Whether an indexed engine entry stands for gateway_hashes[first:first+count]."""
-    if isinstance(target, Block):
-        return count == 1 and target.store is not None and target.gw_hash == gateway_hashes[first]
-    return len(target) == count and all(
-        block.store is not None and block.gw_hash == gateway_hashes[first + j]
-        for j, block in enumerate(target)
+def _stands_for(
+    state: PodState,
+    target: Target,
+    store: PrefixStore,
+    gateway_hashes: list[int],
+    first: int,
+    count: int,
+) -> bool:
+    """Whether an indexed engine entry stands for gateway_hashes[first:first+count] of
+    `store`."""
+    if type(target) is int:
+        return (
+            count == 1
+            and store is state.base
+            and target == gateway_hashes[first]
+            and target in store.held
+        )
+    old_store, hashes = state.resolve(target)
+    return (
+        old_store is store
+        and len(hashes) == count
+        and list(hashes) == gateway_hashes[first : first + count]
+        and all(h in store.held for h in hashes)
     )
 
 
@@ -91,13 +107,17 @@ class Ingest:
 
         tier = Tier.from_medium(event.medium)
         store = self._evictor.store_for(state.context(event.lora_id, event.lora_name), now)
+        state.use_store(store)
         entries = state.entries[tier]
         copies = state.copies[tier]
-        blocks = store.blocks
-        get_block = blocks.get
+        held = store.held
+        get_mask = held.get
+        access = store.access
+        tiers = store.tiers
         holdings = self._holdings
         link = holdings.link
         on_gpu = tier is _GPU
+        in_base = store is state.base
         bit = state.bit
         room = self._limits.max_blocks_per_pod - state.size
         partials = state.partials[tier]
@@ -111,10 +131,10 @@ class Ingest:
             old = entries.get(engine_hash)
             if old is not None:
                 first = i * per_engine
-                if _stands_for(old, gateway_hashes, first, per_engine):
+                if _stands_for(state, old, store, gateway_hashes, first, per_engine):
                     copies[engine_hash] = copies.get(engine_hash, 0) + 1  # another copy
-                    for block in blocks_of(old):
-                        block.last_access = now
+                    for gw_hash in gateway_hashes[first : first + per_engine]:
+                        access[gw_hash] = now
                     applied += 1
                     continue
                 # The engine stored this hash again for other content (a hash collision, or
@@ -127,37 +147,40 @@ class Ingest:
                 self.reject(state, "pod_limit", count - i)
                 break
             room -= 1
-            target: Target
             if per_engine == 1:
                 gw_hash = gateway_hashes[i]
-                existing = get_block(gw_hash)
-                if existing is None:
-                    block = blocks[gw_hash] = Block(gw_hash, store, now)
+                mask = get_mask(gw_hash)
+                access[gw_hash] = now
+                if in_base:
+                    entries[engine_hash] = gw_hash
+                    if on_gpu and gw_hash not in tiers:
+                        if mask is None:
+                            # The common case, inlined: a block new to this pod, on GPU only.
+                            held[gw_hash] = bit
+                            new_pairs += 1
+                            applied += 1
+                            continue
+                        if not mask & bit:
+                            held[gw_hash] = mask | bit
+                            new_pairs += 1
+                            applied += 1
+                            continue
                 else:
-                    block = existing
-                    block.last_access = now
-                entries[engine_hash] = block
-                if on_gpu and block.masks is None and not block.held & bit:
-                    # The common case, inlined: a block new to this pod, on GPU only.
-                    block.held |= bit
-                    new_pairs += 1
-                    applied += 1
-                    continue
-                target = block
+                    entries[engine_hash] = OtherContext(store, (gw_hash,))
+                if mask is None:
+                    held[gw_hash] = 0
+                link(state, store, (gw_hash,), tier)
             else:
-                target = tuple(
-                    store.get_or_create(h, now)
-                    for h in gateway_hashes[i * per_engine : (i + 1) * per_engine]
-                )
-                for block in target:
-                    block.last_access = now
-                entries[engine_hash] = target
-            link(state, target, tier)
+                hashes = tuple(gateway_hashes[i * per_engine : (i + 1) * per_engine])
+                for gw_hash in hashes:
+                    store.touch(gw_hash, now)
+                entries[engine_hash] = state.target(store, hashes)
+                link(state, store, hashes, tier)
             applied += 1
         holdings.pairs += new_pairs
         state.size = self._limits.max_blocks_per_pod - room  # drop_entry's updates included
         store.last_access = now
-        if len(store.blocks) > self._limits.max_prefixes_per_context:
+        if len(held) > self._limits.max_prefixes_per_context:
             self._evictor.trim(store)
         return applied
 
@@ -180,6 +203,7 @@ class Ingest:
             return self.reject(state, "bad_token_ids", count)
         tier = Tier.from_medium(event.medium)
         store = self._evictor.store_for(state.context(event.lora_id, event.lora_name), now)
+        state.use_store(store)
         entries, partials, copies = state.entries[tier], state.partials[tier], state.copies[tier]
         holdings = self._holdings
         gateway_block = hasher.block_size
@@ -191,12 +215,16 @@ class Ingest:
                 self.reject(state, "pod_limit", count - i)
                 break
             pending = pending + tuple(tokens[i * engine_block : (i + 1) * engine_block])
-            record: Block | Partial
+            record: int | Partial
             if len(pending) == gateway_block:
-                record = store.get_or_create(hasher.chain(parent_gw, pending)[0], now)
-                record.last_access = now
-                parent_gw, pending = record.gw_hash, ()
-                same = entries.get(engine_hash) is record
+                record = hasher.chain(parent_gw, pending)[0]
+                parent_gw, pending = record, ()
+                old_target = entries.get(engine_hash)
+                same = old_target is not None and _stands_for(
+                    state, old_target, store, [record], 0, 1
+                )
+                if same:
+                    store.access[record] = now
             else:
                 record = Partial(parent_gw, pending)
                 same = partials.get(engine_hash) == record
@@ -213,14 +241,15 @@ class Ingest:
                 copies.pop(engine_hash, None)
                 state.size -= 1
             state.size += 1
-            if isinstance(record, Block):
-                entries[engine_hash] = record
-                holdings.link(state, record, tier)
+            if isinstance(record, int):
+                store.touch(record, now)
+                entries[engine_hash] = state.target(store, (record,))
+                holdings.link(state, store, (record,), tier)
             else:
                 partials[engine_hash] = record
             applied += 1
         store.last_access = now
-        if len(store.blocks) > self._limits.max_prefixes_per_context:
+        if len(store.held) > self._limits.max_prefixes_per_context:
             self._evictor.trim(store)
         return applied
 
@@ -231,7 +260,17 @@ class Ingest:
         tier = Tier.from_medium(medium)
         entries = state.entries[tier]
         copies = state.copies[tier]
-        unlink = self._holdings.unlink
+        holdings = self._holdings
+        unlink = holdings.unlink
+        unlink_target = holdings.unlink_target
+        base = state.base
+        # The common case, inlined below: a base-context block on GPU only, no extra refs.
+        fast = base is not None and not state.extra_refs[tier]
+        held = base.held if base is not None else {}
+        held_get = held.get
+        base_tiers = base.tiers if base is not None else {}
+        clear = ~state.bit
+        pairs_dropped = 0
         known = 0
         partials = state.partials[tier]
         for engine_hash in block_hashes:
@@ -240,20 +279,34 @@ class Ingest:
                 self.unknown_removals += 1
                 continue
             known += 1
-            extra = copies.get(engine_hash)
-            if extra:
-                if extra == 1:
-                    del copies[engine_hash]
-                else:
-                    copies[engine_hash] = extra - 1
-                continue
+            if copies:
+                extra = copies.get(engine_hash)
+                if extra:
+                    if extra == 1:
+                        del copies[engine_hash]
+                    else:
+                        copies[engine_hash] = extra - 1
+                    continue
             state.size -= 1
             if target is None:
                 del partials[engine_hash]
                 continue
             del entries[engine_hash]
-            for block in blocks_of(target):
-                unlink(state, block, tier)
+            if type(target) is int and base is not None:
+                if fast and target not in base_tiers:
+                    mask = held_get(target)
+                    if mask is not None:
+                        pairs_dropped += 1
+                        mask &= clear
+                        if mask:
+                            held[target] = mask
+                        else:
+                            base.forget(target)
+                    continue
+                unlink(state, base, target, tier)
+            else:
+                unlink_target(state, target, tier)
+        holdings.pairs -= pairs_dropped
         return known
 
     def restore(self, state: PodState, index: PodIndexState, now: float) -> int:
@@ -263,6 +316,7 @@ class Ingest:
         restored = 0
         for group in index.groups:
             store = self._evictor.store_for(state.context(None, group.lora), now)
+            state.use_store(store)
             entries, copies = state.entries[group.tier], state.copies[group.tier]
             for engine_hash, gw_hashes, extra in group.records:
                 if not gw_hashes or engine_hash in entries:
@@ -270,15 +324,15 @@ class Ingest:
                 if state.size >= limit:
                     self.reject(state, "pod_limit", 1)
                     continue
-                blocks = tuple(store.get_or_create(gw_hash, now) for gw_hash in gw_hashes)
-                target: Target = blocks[0] if len(blocks) == 1 else blocks
-                entries[engine_hash] = target
+                for gw_hash in gw_hashes:
+                    store.touch(gw_hash, now)
+                entries[engine_hash] = state.target(store, gw_hashes)
                 if extra:
                     copies[engine_hash] = extra
-                holdings.link(state, target, group.tier)
+                holdings.link(state, store, gw_hashes, group.tier)
                 state.size += 1
                 restored += 1
-            if len(store.blocks) > self._limits.max_prefixes_per_context:
+            if len(store.held) > self._limits.max_prefixes_per_context:
                 self._evictor.trim(store)
         for record in index.partials:
             partials = state.partials[record.tier]

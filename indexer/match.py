@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
@@ -111,54 +112,117 @@ class IndexStats:
     eviction_runs: int
 
 
-def match_prefix(
-    store: PrefixStore | None, bits: dict[str, int], prefix_hashes: Sequence[int], now: float
-) -> MatchResult:
-    """For each candidate (name -> pod bit, 0 if unknown), how many blocks of `store` from
-    the prompt's start it holds.
+class MatchedBlocks(Mapping[str, int]):
+    """Candidate pod -> matched blocks, resolved on lookup from the walk's ends.
 
-    Walks the prompt's blocks once, keeping the mask of candidates still matching, and
-    stops as soon as none is.
+    A match costs the same whatever the number of candidates: the walk keeps one mask,
+    and each pod's length is found only when asked for (the first end whose mask has the
+    pod's bit; with many distinct ends the whole table is built once).
     """
-    alive = 0
-    for bit in bits.values():
-        alive |= bit
-    if store is None or alive == 0 or not prefix_hashes:
-        return MatchResult(len(prefix_hashes), dict.fromkeys(bits, 0), bits)
+
+    __slots__ = ("_bits", "_ends", "_table")
+
+    def __init__(self, bits: Mapping[str, int], ends: Sequence[tuple[int, int]]) -> None:
+        self._bits = bits
+        self._ends = ends  # (matched length, mask of the pods that stop there), ascending
+        self._table: dict[str, int] | None = None
+
+    def __getitem__(self, pod: str) -> int:
+        bit = self._bits[pod]
+        if self._table is not None:
+            return self._table[pod]
+        ends = self._ends
+        if len(ends) > _SCAN_ENDS:
+            return self._build()[pod]
+        for length, mask in ends:
+            if mask & bit:
+                return length
+        return 0
+
+    def get(self, pod: str, default: int | None = None) -> int | None:  # type: ignore[override]
+        if pod not in self._bits:
+            return default
+        return self[pod]
+
+    def __contains__(self, pod: object) -> bool:
+        return pod in self._bits
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._bits)
+
+    def __len__(self) -> int:
+        return len(self._bits)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+    def _build(self) -> dict[str, int]:
+        table = self._table
+        if table is None:
+            length_of: dict[int, int] = {}  # pod bit -> matched length
+            for length, mask in self._ends:
+                while mask:
+                    low = mask & -mask
+                    length_of[low] = length
+                    mask ^= low
+            get_length = length_of.get
+            table = self._table = {name: get_length(bit, 0) for name, bit in self._bits.items()}
+        return table
+
+    def items(self) -> ItemsView[str, int]:
+        return self._build().items()
+
+    def values(self) -> ValuesView[int]:
+        return self._build().values()
+
+
+_SCAN_ENDS = 4
+"""Up to this many distinct match lengths a lookup scans them; beyond, it builds a table."""
+
+
+def match_prefix(
+    store: PrefixStore | None,
+    bits: Mapping[str, int],
+    alive: int,
+    prefix_hashes: Sequence[int],
+    now: float,
+) -> MatchResult:
+    """For each candidate (name -> pod bit, 0 if unknown; `alive` the OR of the bits), how
+    many blocks of `store` from the prompt's start it holds.
+
+    Walks the prompt's blocks once, keeping the mask of candidates still matching (an int
+    AND per block), and stops as soon as none is.
+    """
+    total = len(prefix_hashes)
+    if store is None or alive == 0 or not total:
+        return MatchResult(total, MatchedBlocks(bits, ()), bits)
     store.last_access = now
-    get = store.blocks.get
+    get = store.held.get
     ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
-    off_gpu = 0
-    tiered: list[tuple[int, tuple[int, ...]]] = []
-    index = 0
+    matched = 0
     for gw_hash in prefix_hashes:
-        block = get(gw_hash)
-        if block is None:
+        mask = get(gw_hash)
+        if mask is None:
             break
-        held = block.held & alive
-        if held != alive:
-            if not held:
+        still = mask & alive
+        if still != alive:
+            if not still:
                 break
-            ends.append((index, alive ^ held))
-            alive = held
-        block.last_access = now
-        masks = block.masks
-        if masks is not None:
-            tiered.append((index, tuple(masks)))
-            off_gpu |= (masks[_CPU] | masks[_STORAGE] | masks[_EXPECTED]) & ~masks[_GPU]
-        index += 1
-    ends.append((index, alive))
-    if len(ends) == 1:
-        # Every live candidate matched the same length: one pass, no per-end search.
-        length, mask = ends[0]
-        matched = {name: length if mask & bit else 0 for name, bit in bits.items()}
-        return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered), off_gpu)
-    length_of: dict[int, int] = {}  # pod bit -> matched length, filled once per end
-    for length, mask in ends:
-        while mask:
-            low = mask & -mask
-            length_of[low] = length
-            mask ^= low
-    get_length = length_of.get
-    matched = {name: get_length(bit, 0) for name, bit in bits.items()}
-    return MatchResult(len(prefix_hashes), matched, bits, tuple(tiered), off_gpu)
+            ends.append((matched, alive ^ still))
+            alive = still
+        matched += 1
+    ends.append((matched, alive))
+    held = prefix_hashes[:matched]
+    store.access.update(zip(held, repeat(now)))
+    tiered: list[tuple[int, tuple[int, ...]]] = []
+    off_gpu = 0
+    tiers = store.tiers
+    if tiers and not tiers.keys().isdisjoint(held):
+        for index, gw_hash in enumerate(held):
+            block_masks = tiers.get(gw_hash)
+            if block_masks is not None:
+                tiered.append((index, tuple(block_masks)))
+                off_gpu |= (
+                    block_masks[_CPU] | block_masks[_STORAGE] | block_masks[_EXPECTED]
+                ) & ~block_masks[_GPU]
+    return MatchResult(total, MatchedBlocks(bits, ends), bits, tuple(tiered), off_gpu)

@@ -5,12 +5,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from indexer.block import Block
+from indexer.block import PrefixStore
 from indexer.types import EngineHash, ModelContext, Tier
 
-Target = Block | tuple[Block, ...]
-"""What one engine block stands for: one gateway block, or several when the engine's
-blocks are a multiple of the gateway's block size."""
+
+class OtherContext:
+    """An engine entry outside the pod's base context (a LoRA adapter): its store and
+    gateway hashes. Rare, so an object each is fine."""
+
+    __slots__ = ("hashes", "store")
+
+    def __init__(self, store: PrefixStore, hashes: tuple[int, ...]) -> None:
+        self.store = store
+        self.hashes = hashes
+
+
+Target = int | tuple[int, ...] | OtherContext
+"""What one engine block stands for: one gateway block of the pod's base store (an int,
+the common case), several (when the engine's blocks are a multiple of the gateway's
+block size), or gateway blocks of another context."""
+
+Key = int | tuple[PrefixStore, int]
+"""A gateway block in a pod's own maps: its hash in the base store, (store, hash) else."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +52,7 @@ class PodState:
     """
 
     __slots__ = (
+        "base",
         "base_context",
         "bit",
         "copies",
@@ -71,8 +88,10 @@ class PodState:
         self.entries: tuple[dict[EngineHash, Target], ...] = ({}, {}, {})
         self.partials: tuple[dict[EngineHash, Partial], ...] = ({}, {}, {})
         self.copies: tuple[dict[EngineHash, int], ...] = ({}, {}, {})
-        self.extra_refs: tuple[dict[Block, int], ...] = ({}, {}, {})
-        self.expected: dict[Block, float] = {}
+        self.extra_refs: tuple[dict[Key, int], ...] = ({}, {}, {})
+        self.expected: dict[Key, float] = {}
+        self.base: PrefixStore | None = None
+        """The store of the base context, once the pod has used it (see `use_store`)."""
         self.size = 0
         self.rejected: dict[str, int] = {}
         self.epoch = 0
@@ -88,23 +107,62 @@ class PodState:
             return ModelContext(self.model, self.lora_names.get(lora_id, f"lora-{lora_id}"))
         return self.base_context
 
+    def use_store(self, store: PrefixStore) -> None:
+        """Called with every store the pod is about to write into: remembers its base."""
+        context = store.context
+        if store is not self.base and context.lora is None and context.model == self.model:
+            self.base = store
+
+    def key(self, store: PrefixStore, gw_hash: int) -> Key:
+        return gw_hash if store is self.base else (store, gw_hash)
+
+    def unkey(self, key: Key) -> tuple[PrefixStore, int]:
+        if type(key) is int:
+            base = self.base
+            assert base is not None
+            return base, key
+        assert isinstance(key, tuple)
+        return key
+
+    def resolve(self, target: Target) -> tuple[PrefixStore, tuple[int, ...]]:
+        """The store and gateway hashes an engine entry stands for."""
+        if type(target) is int:
+            base = self.base
+            assert base is not None
+            return base, (target,)
+        if isinstance(target, OtherContext):
+            return target.store, target.hashes
+        base = self.base
+        assert base is not None and isinstance(target, tuple)
+        return base, target
+
+    def target(self, store: PrefixStore, hashes: tuple[int, ...]) -> Target:
+        if store is not self.base:
+            return OtherContext(store, hashes)
+        return hashes[0] if len(hashes) == 1 else hashes
+
     def lookup_chain(self, engine_hash: EngineHash) -> tuple[int, tuple[int, ...]] | None:
         """Where a child of this engine block chains from: the last gateway hash and the
         tokens since it (none unless the block is a partial), in whatever tier it is held."""
         for entries, partials in zip(self.entries, self.partials, strict=True):
             target = entries.get(engine_hash)
             if target is not None:
-                gw_hash = target.gw_hash if isinstance(target, Block) else target[-1].gw_hash
-                return gw_hash, ()
+                return last_hash(target), ()
             partial = partials.get(engine_hash)
             if partial is not None:
                 return partial.parent_gw, partial.pending
         return None
 
+    def alive(self, target: Target) -> bool:
+        """Whether every gateway block of an entry is still indexed."""
+        store, hashes = self.resolve(target)
+        return store.alive and all(h in store.held for h in hashes)
+
     def engine_hashes(self, tier: Tier) -> set[EngineHash]:
         """Engine hashes held in `tier` whose gateway blocks are still indexed (partial
         blocks included)."""
-        held = {engine_hash for engine_hash, target in self.entries[tier].items() if _alive(target)}
+        alive = self.alive
+        held = {engine_hash for engine_hash, target in self.entries[tier].items() if alive(target)}
         held.update(self.partials[tier])
         return held
 
@@ -116,11 +174,10 @@ class PodState:
         self.size = 0
 
 
-def _alive(target: Target) -> bool:
-    if isinstance(target, Block):
-        return target.store is not None
-    return all(block.store is not None for block in target)
-
-
-def blocks_of(target: Target) -> tuple[Block, ...]:
-    return (target,) if isinstance(target, Block) else target
+def last_hash(target: Target) -> int:
+    if type(target) is int:
+        return target
+    if isinstance(target, OtherContext):
+        return target.hashes[-1]
+    assert isinstance(target, tuple)
+    return target[-1]

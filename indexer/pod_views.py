@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from indexer.block import Block, PrefixStore
+from indexer.block import PrefixStore
 from indexer.hashing import PrefixHasher
-from indexer.pod import Partial, PodState, blocks_of
+from indexer.pod import Partial, PodState
 from indexer.snapshot import EntryGroup, EntryRecord, PartialRecord, PodIndexState
 from indexer.types import REAL_TIERS, EngineHash, Tier
 
@@ -33,7 +33,7 @@ def held_tiers(state: PodState, engine_hashes: Iterable[EngineHash]) -> dict[Eng
     for engine_hash in engine_hashes:
         for tier in REAL_TIERS:
             target = state.entries[tier].get(engine_hash)
-            alive = target is not None and all(b.store is not None for b in blocks_of(target))
+            alive = target is not None and state.alive(target)
             if alive or engine_hash in state.partials[tier]:
                 held[engine_hash] = tier
                 break
@@ -47,16 +47,15 @@ def engine_blocks(
     in a real tier of `store`, each once with its best tier, in prompt order (see
     `SyncPrefixHashTable.engine_blocks`)."""
     size = hasher.block_size
-    position: dict[Block, int] = {}
+    position: dict[int, int] = {}
     for index, gw_hash in enumerate(hasher.prefix_hashes(token_ids)):
-        block = store.blocks.get(gw_hash)
-        if block is None or not block.real_mask() & state.bit:
+        if not store.real_mask(gw_hash) & state.bit:
             break
-        position[block] = index
+        position[gw_hash] = index
     # The partials of every held block, and of the first block past them (its tokens
     # may be held in part): Partial(parent gateway hash, tokens since it) -> order key.
     wanted: dict[Partial, tuple[int, int]] = {}
-    hashes = [block.gw_hash for block in position]
+    hashes = list(position)
     for index in range(len(hashes) + 1):
         parent = hashes[index - 1] if index else hasher.seed
         tokens = tuple(token_ids[index * size : (index + 1) * size])
@@ -66,12 +65,9 @@ def engine_blocks(
     for tier in REAL_TIERS:
         keyed: list[tuple[EngineHash, tuple[int, int]]] = []
         for engine_hash, target in state.entries[tier].items():
-            if isinstance(target, Block):
-                at = position.get(target)
-                if at is not None and target.store is not None:
-                    keyed.append((engine_hash, (at, size)))
-            elif all(block in position and block.store is not None for block in target):
-                keyed.append((engine_hash, (position[target[-1]], size)))
+            where, gw_hashes = state.resolve(target)
+            if where is store and all(h in position for h in gw_hashes):
+                keyed.append((engine_hash, (position[gw_hashes[-1]], size)))
         for engine_hash, partial in state.partials[tier].items():
             key = wanted.get(partial)
             if key is not None:
@@ -89,21 +85,21 @@ def export_entries(state: PodState) -> PodIndexState:
     partials: list[PartialRecord] = []
     for tier in REAL_TIERS:
         copies = state.copies[tier]
-        by_store: dict[PrefixStore, list[EntryRecord]] = {}  # keyed by identity: fast
+        base = state.base
+        base_records = None
+        if base is not None and base.alive:
+            base_records = groups.setdefault((tier, base.context.lora), [])
         for engine_hash, target in state.entries[tier].items():
-            if isinstance(target, Block):  # the common case, kept short: this runs on
-                store = target.store  # the event loop for every entry of the pod
-                gw_hashes: tuple[int, ...] = (target.gw_hash,)
-            else:
-                store = target[0].store
-                if any(block.store is None for block in target):
+            if type(target) is int:  # the common case, kept short: this runs on the
+                if base_records is None:  # event loop for every entry of the pod
                     continue
-                gw_hashes = tuple(block.gw_hash for block in target)
-            if store is None:
-                continue  # evicted: not indexed any more
-            records = by_store.get(store)
-            if records is None:
-                records = by_store[store] = groups.setdefault((tier, store.context.lora), [])
+                records = base_records
+                gw_hashes: tuple[int, ...] = (target,)
+            else:
+                store, gw_hashes = state.resolve(target)
+                if not store.alive or not all(h in store.held for h in gw_hashes):
+                    continue  # evicted: not indexed any more
+                records = groups.setdefault((tier, store.context.lora), [])
             extra = copies.get(engine_hash, 0) if copies else 0
             records.append((engine_hash, gw_hashes, extra))
         for engine_hash, partial in state.partials[tier].items():
@@ -112,6 +108,6 @@ def export_entries(state: PodState) -> PodIndexState:
                 PartialRecord(tier, engine_hash, partial.parent_gw, partial.pending, extra)
             )
     return PodIndexState(
-        tuple(EntryGroup(tier, lora, tuple(r)) for (tier, lora), r in groups.items()),
+        tuple(EntryGroup(tier, lora, tuple(r)) for (tier, lora), r in groups.items() if r),
         tuple(partials),
     )

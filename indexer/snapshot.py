@@ -27,10 +27,13 @@ from typing import Any, Final, TypeVar
 import msgpack
 import xxhash
 
+from indexer.hashing import HASH_VERSION
 from indexer.types import EngineHash, IndexerError, Tier
 
 MAGIC: Final = b"KVGSNAP\x00"
-VERSION: Final = 1
+VERSION: Final = HASH_VERSION
+"""The format version is the gateway hash definition's: a snapshot taken with another
+definition holds gateway hashes this process would never compute, so it is refused."""
 _HEADER = struct.Struct("<8sHHQQ")
 HEADER_BYTES: Final = _HEADER.size
 _MIN_ENGINE_INT, _MAX_ENGINE_INT = -(2**63), 2**64 - 1
@@ -147,7 +150,11 @@ def decode_snapshot(data: bytes, *, max_bytes: int | None = None) -> PodSnapshot
     if magic != MAGIC:
         raise SnapshotError("bad_magic", "not a kvgate snapshot")
     if version != VERSION:
-        raise SnapshotError("unsupported_version", f"version {version}, expected {VERSION}")
+        raise SnapshotError(
+            "unsupported_version",
+            f"version {version}, expected {VERSION}: written by a kvgate with another "
+            "gateway hash definition, whose hashes this one never computes",
+        )
     if len(data) - HEADER_BYTES != length:
         reason = "truncated" if len(data) - HEADER_BYTES < length else "malformed"
         raise SnapshotError(

@@ -1,7 +1,8 @@
 """The sync prefix-hash table: which pod holds which prompt prefix, fleet-wide.
 
-ModelContext -> PrefixStore (gateway hash -> Block: holder bit masks per tier, last
-access); per pod, engine hash -> gateway block(s) for each tier. Engine hashes are
+ModelContext -> PrefixStore (gateway hash -> holder bit mask, plus per-tier masks for
+the few blocks held off-GPU, and last access: plain ints in dicts, no object per block);
+per pod, engine hash -> gateway hash(es) for each tier. Engine hashes are
 opaque and per pod; the gateway computes its own chained hashes from the events' token
 ids, so one prompt hashes the same whatever pod (or engine kind) holds it.
 
@@ -39,6 +40,10 @@ from indexer.types import (
     UnknownPodError,
 )
 
+_CANDIDATE_LISTS = 256
+"""Distinct candidate lists remembered by `match` (a fleet has a handful: per model, per
+health state); past this many the memory is simply cleared."""
+
 
 class SyncPrefixHashTable:
     """Fleet-wide prefix index fed by KV events (see module docstring)."""
@@ -59,6 +64,9 @@ class SyncPrefixHashTable:
         self._free_bits: list[int] = []
         self._next_bit_index = 0
         self._epochs = 0  # source of PodState.epoch: bumped on every registration and clear
+        self._candidates: dict[tuple[str, ...], tuple[dict[str, int], int]] = {}
+        """Candidate lists seen by `match` -> (name -> pod bit, OR of the bits); emptied
+        whenever a pod's bit changes, so a match does not rebuild it for every request."""
         self._holdings = Holdings(self._by_bit)
         self._expected = ExpectedEntries(self._pods, self._holdings, limits.max_expected_per_pod)
         self._evictor = Evictor(
@@ -99,6 +107,7 @@ class SyncPrefixHashTable:
         )
         self._pods[pod] = state
         self._by_bit[state.bit] = state
+        self._candidates.clear()
         self._epochs += 1
         state.epoch = self._epochs
 
@@ -109,6 +118,7 @@ class SyncPrefixHashTable:
             return
         self._clear_state(state)
         del self._by_bit[state.bit]
+        self._candidates.clear()
         heapq.heappush(self._free_bits, state.bit.bit_length() - 1)
 
     def pods(self) -> list[str]:
@@ -184,7 +194,7 @@ class SyncPrefixHashTable:
         store = evictor.store_for(context, now)
         refreshed = self._expected.add(state, store, prefix_hashes, now + ttl, now)
         store.last_access = now
-        if len(store.blocks) > limits.max_prefixes_per_context:
+        if len(store.held) > limits.max_prefixes_per_context:
             evictor.trim(store)
         self._expected.compact_if_sparse()
         return refreshed
@@ -207,9 +217,12 @@ class SyncPrefixHashTable:
         """
         now = self._clock()
         self._evictor.tick(now)
-        pods = self._pods
-        bits = {name: pods[name].bit if name in pods else 0 for name in candidate_pods}
-        return match_prefix(self._stores.get(context), bits, prefix_hashes, now)
+        key = candidate_pods if type(candidate_pods) is tuple else tuple(candidate_pods)
+        found = self._candidates.get(key)
+        if found is None:
+            found = self._candidate_bits(key)
+        bits, alive = found
+        return match_prefix(self._stores.get(context), bits, alive, prefix_hashes, now)
 
     def dump(self, pod: str) -> set[EngineHash]:
         """Engine hashes the index believes `pod` holds, in any tier."""
@@ -264,7 +277,7 @@ class SyncPrefixHashTable:
         return IndexStats(
             pods=len(self._pods),
             contexts=len(self._stores),
-            blocks=sum(len(store.blocks) for store in self._stores.values()),
+            blocks=sum(len(store.held) for store in self._stores.values()),
             pairs=holdings.pairs,
             engine_entries=sum(state.size for state in self._pods.values()),
             expected=holdings.expected_count,
@@ -307,6 +320,17 @@ class SyncPrefixHashTable:
         self._evictor.run(self._clock() if now is None else now)
 
     # -- internals ------------------------------------------------------------------------
+
+    def _candidate_bits(self, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+        pods = self._pods
+        bits = {name: pods[name].bit if name in pods else 0 for name in names}
+        alive = 0
+        for bit in bits.values():
+            alive |= bit
+        if len(self._candidates) >= _CANDIDATE_LISTS:
+            self._candidates.clear()
+        self._candidates[names] = found = (bits, alive)
+        return found
 
     def _state(self, pod: str) -> PodState:
         state = self._pods.get(pod)

@@ -1,17 +1,28 @@
 from __future__ import annotations
 
+import sys
+from array import array
+
 import pytest
+import xxhash
 
 from indexer import DEFAULT_HASH_SEED, PrefixHasher
+from indexer.hashing import HASH_VERSION
 
 
 def test_known_values_are_stable_across_releases() -> None:
-    # Pinned: replicas, restarts and snapshots all depend on these never changing.
+    # Pinned: replicas, restarts and snapshots all depend on these never changing. A new
+    # definition (here: version 2, the parent hash as xxh64 seed) bumps HASH_VERSION,
+    # which is the snapshot format's version.
+    assert HASH_VERSION == 2
     assert PrefixHasher(4).prefix_hashes([1, 2, 3, 4, 5, 6, 7, 8, 9]) == [
-        6589999204834411509,
-        16958757663359173978,
+        10521120115778031399,
+        12324536265490946305,
     ]
-    assert PrefixHasher(4, seed=1).prefix_hashes([1, 2, 3, 4]) == [5263326760128682184]
+    assert PrefixHasher(4, seed=1).prefix_hashes([1, 2, 3, 4]) == [882127866422523387]
+    assert sys.byteorder == "little" and PrefixHasher(4, seed=1).prefix_hashes([1, 2, 3, 4]) == [
+        xxhash.xxh64_intdigest(array("I", [1, 2, 3, 4]).tobytes(), 1)
+    ]
 
 
 def test_only_full_blocks_are_hashed() -> None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -274,3 +275,14 @@ def test_restore_respects_the_pod_limit(clock: FakeClock) -> None:
     small.register_pod("p0", "m")
     assert small.restore_pod("p0", source.export_pod("p0")) == 2
     assert small.rejected_blocks("p0") == {"pod_limit": 1}
+
+
+def test_a_snapshot_of_an_older_hash_definition_is_refused_clearly() -> None:
+    raw = bytearray(encode_snapshot(_empty_snapshot()))
+    raw[8:10] = (1).to_bytes(2, "little")  # version 1: xxh64(parent ‖ tokens, seed)
+    head = bytes(raw[:20])
+    body = bytes(raw[HEADER_BYTES:])
+    raw[20:28] = xxhash.xxh64_intdigest(head + body).to_bytes(8, "little")
+    with pytest.raises(SnapshotError, match="another gateway hash definition") as caught:
+        decode_snapshot(bytes(raw))
+    assert caught.value.reason == "unsupported_version"
