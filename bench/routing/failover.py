@@ -82,7 +82,8 @@ def failover_figures(
         return {"killed": False}
     victim = [r for r in records if r.router_url == kill.url]
     survivors = [r for r in records if r.router_url != kill.url]
-    lost = [r for r in victim if r.error is not None and r.started < kill.ready_at]
+    ready_at = kill.ready_at if math.isfinite(kill.ready_at) else math.inf  # not in time
+    lost = [r for r in victim if r.error is not None and r.started < ready_at]
     early = (kill.restarted_at, kill.restarted_at + WINDOW_S)
     late = (kill.restarted_at + WINDOW_S, math.inf)
     return {
@@ -91,7 +92,7 @@ def failover_figures(
         "lost_on_killed": len(lost),
         "failed_on_survivors": sum(r.error is not None for r in survivors),
         "failed_on_replacement": sum(
-            r.error is not None for r in victim if r.started >= kill.ready_at
+            r.error is not None for r in victim if r.started >= ready_at
         ),
         "replacement_ready_s": kill.ready_at - kill.restarted_at,
         "down_s": kill.ready_at - kill.killed_at,

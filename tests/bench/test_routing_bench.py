@@ -189,8 +189,8 @@ def test_a_replica_killed_under_load_is_replaced_and_the_others_lose_nothing(
 ) -> None:
     command = [
         sys.executable, "-m", "gateway.cli", "bench", "routing", "--quick", "--engines", "2",
-        "--workloads", "chat", "--routers", "prefix-cache", "--conversations", "12",
-        "--time-scale", "4", "--out", str(tmp_path), "--quiet", "--replicas", "2",
+        "--workloads", "chat", "--routers", "prefix-cache", "--conversations", "24",
+        "--time-scale", "1", "--out", str(tmp_path), "--quiet", "--replicas", "2",
         "--kill-replica",
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, timeout=240)
