@@ -11,7 +11,7 @@ from indexer.block import PrefixStore
 from indexer.config import IndexLimits
 from indexer.expected import ExpectedEntries
 from indexer.holdings import Holdings
-from indexer.pod import PodState
+from indexer.pod import IndexedPod
 from indexer.types import REAL_TIERS, ModelContext
 
 _EVICT_TO = 0.9  # a store over its cap is trimmed to 90% of it, so trims are rare
@@ -37,7 +37,7 @@ class Evictor:
         self,
         limits: IndexLimits,
         stores: dict[ModelContext, PrefixStore],
-        pods: Mapping[str, PodState],
+        pods: Mapping[str, IndexedPod],
         holdings: Holdings,
         expected: ExpectedEntries,
         now: float,
@@ -149,6 +149,6 @@ class Evictor:
                         del refs[key]
 
 
-def _dead_key(state: PodState, store: PrefixStore, key: int | tuple[PrefixStore, int]) -> bool:
+def _dead_key(state: IndexedPod, store: PrefixStore, key: int | tuple[PrefixStore, int]) -> bool:
     where, gw_hash = state.unkey(key)
     return where is store and (not store.alive or gw_hash not in store.held)

@@ -1,7 +1,7 @@
 """Router-side entries: blocks a pod is expected to hold because the router sent it a
 request (or because the pod publishes no events), each until its expiry.
 
-A pod's entries live in `PodState.expected` (block key -> expiry, in LRU order) and as
+A pod's entries live in `IndexedPod.expected` (block key -> expiry, in LRU order) and as
 the EXPECTED bit on the blocks; one heap over the whole table finds the ones due.
 """
 
@@ -13,12 +13,12 @@ from itertools import islice
 
 from indexer.block import PrefixStore
 from indexer.holdings import Holdings
-from indexer.pod import Key, PodState
+from indexer.pod import IndexedPod, Key
 from indexer.types import Tier
 
 _EXPECTED = Tier.EXPECTED
 
-Expiry = tuple[float, int, PodState, Key]
+Expiry = tuple[float, int, IndexedPod, Key]
 """(expiry, tiebreak, pod, block key). Entries whose pod or expiry changed since they were
 pushed are skipped when popped, and dropped by the next compaction."""
 
@@ -28,7 +28,9 @@ class ExpectedEntries:
 
     __slots__ = ("_heap", "_holdings", "_max_per_pod", "_pods", "_seq", "expired")
 
-    def __init__(self, pods: Mapping[str, PodState], holdings: Holdings, max_per_pod: int) -> None:
+    def __init__(
+        self, pods: Mapping[str, IndexedPod], holdings: Holdings, max_per_pod: int
+    ) -> None:
         self._pods = pods  # the table's registered pods (read only here)
         self._holdings = holdings
         self._max_per_pod = max_per_pod
@@ -39,7 +41,7 @@ class ExpectedEntries:
 
     def add(
         self,
-        state: PodState,
+        state: IndexedPod,
         store: PrefixStore,
         prefix_hashes: Sequence[int],
         expiry: float,

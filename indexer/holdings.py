@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from indexer.block import PrefixStore
-from indexer.pod import PodState, Target
+from indexer.pod import IndexedPod, Target
 from indexer.types import REAL_TIERS, EngineHash, Tier
 
 _GPU, _EXPECTED = Tier.GPU, Tier.EXPECTED
@@ -21,7 +21,7 @@ class Holdings:
 
     __slots__ = ("_by_bit", "expected_count", "pairs")
 
-    def __init__(self, by_bit: Mapping[int, PodState]) -> None:
+    def __init__(self, by_bit: Mapping[int, IndexedPod]) -> None:
         self._by_bit = by_bit  # the table's registered pods by bit (read only here)
         self.pairs = 0
         """(pod, block) pairs held in a real tier. Event application bumps it inline in
@@ -29,7 +29,9 @@ class Holdings:
         self.expected_count = 0
         """Router-side (expected) entries over all pods."""
 
-    def link(self, state: PodState, store: PrefixStore, hashes: Iterable[int], tier: Tier) -> None:
+    def link(
+        self, state: IndexedPod, store: PrefixStore, hashes: Iterable[int], tier: Tier
+    ) -> None:
         """A new engine entry of `state` in `tier` stands for these blocks of `store`
         (created by the caller with `PrefixStore.touch`)."""
         bit = state.bit
@@ -56,7 +58,7 @@ class Holdings:
                 self.expected_count -= 1
             store.refresh(gw_hash, masks)
 
-    def unlink(self, state: PodState, store: PrefixStore, gw_hash: int, tier: Tier) -> None:
+    def unlink(self, state: IndexedPod, store: PrefixStore, gw_hash: int, tier: Tier) -> None:
         """One engine entry of `state` in `tier` no longer stands for `gw_hash`."""
         refs = state.extra_refs[tier]
         if refs:
@@ -87,7 +89,7 @@ class Holdings:
                 self.pairs -= 1
             store.refresh(gw_hash, masks)
 
-    def unlink_target(self, state: PodState, target: Target, tier: Tier) -> None:
+    def unlink_target(self, state: IndexedPod, target: Target, tier: Tier) -> None:
         if type(target) is int:
             base = state.base
             if base is not None:
@@ -97,7 +99,9 @@ class Holdings:
         for gw_hash in hashes:
             self.unlink(state, store, gw_hash, tier)
 
-    def drop_entry(self, state: PodState, tier: Tier, engine_hash: EngineHash, old: Target) -> None:
+    def drop_entry(
+        self, state: IndexedPod, tier: Tier, engine_hash: EngineHash, old: Target
+    ) -> None:
         """Drop the engine entry `engine_hash` of `state` in `tier` (all its copies)."""
         del state.entries[tier][engine_hash]
         state.copies[tier].pop(engine_hash, None)
@@ -114,7 +118,7 @@ class Holdings:
         self.expected_count -= 1
         store.refresh(gw_hash, masks)
 
-    def drop_pod(self, state: PodState) -> None:
+    def drop_pod(self, state: IndexedPod) -> None:
         """Remove `state`'s bit from every block it holds or expects, and empty it."""
         bit = state.bit
         for tier in REAL_TIERS:
@@ -167,7 +171,7 @@ class Holdings:
         return holders
 
 
-def add_extra_ref(state: PodState, store: PrefixStore, gw_hash: int, tier: Tier) -> None:
+def add_extra_ref(state: IndexedPod, store: PrefixStore, gw_hash: int, tier: Tier) -> None:
     """Another engine entry of `state` in `tier` stands for a block it already holds."""
     refs = state.extra_refs[tier]
     key = state.key(store, gw_hash)

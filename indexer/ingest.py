@@ -16,7 +16,7 @@ from indexer.config import IndexLimits
 from indexer.eviction import Evictor
 from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
-from indexer.pod import OtherContext, Partial, PodState, Target
+from indexer.pod import IndexedPod, OtherContext, Partial, Target
 from indexer.snapshot import PodIndexState
 from indexer.types import EngineHash, StoredBlocksEvent, Tier
 
@@ -24,7 +24,7 @@ _GPU = Tier.GPU
 
 
 def _stands_for(
-    state: PodState,
+    state: IndexedPod,
     target: Target,
     store: PrefixStore,
     gateway_hashes: list[int],
@@ -77,7 +77,7 @@ class Ingest:
         """Engine hashes re-stored with other content (the old mapping was replaced)."""
         self.unknown_removals = 0
 
-    def stored(self, state: PodState, event: StoredBlocksEvent, now: float) -> int:
+    def stored(self, state: IndexedPod, event: StoredBlocksEvent, now: float) -> int:
         """Index a BlockStored event of `state`; returns the engine blocks applied."""
         engine_hashes = event.block_hashes
         count = len(engine_hashes)
@@ -186,7 +186,7 @@ class Ingest:
 
     def _small_blocks(
         self,
-        state: PodState,
+        state: IndexedPod,
         event: StoredBlocksEvent,
         engine_block: int,
         chain: tuple[int, tuple[int, ...]],
@@ -254,7 +254,7 @@ class Ingest:
         return applied
 
     def removed(
-        self, state: PodState, block_hashes: Iterable[EngineHash], medium: str | None
+        self, state: IndexedPod, block_hashes: Iterable[EngineHash], medium: str | None
     ) -> int:
         """Apply a BlockRemoved of `state`; returns how many hashes it was known to hold."""
         tier = Tier.from_medium(medium)
@@ -309,7 +309,7 @@ class Ingest:
         holdings.pairs -= pairs_dropped
         return known
 
-    def restore(self, state: PodState, index: PodIndexState, now: float) -> int:
+    def restore(self, state: IndexedPod, index: PodIndexState, now: float) -> int:
         """Add the entries of `index` to an empty `state`; returns the entries restored."""
         limit = self._limits.max_blocks_per_pod
         holdings = self._holdings
@@ -349,7 +349,7 @@ class Ingest:
             restored += 1
         return restored
 
-    def reject(self, state: PodState, reason: str, blocks: int) -> int:
+    def reject(self, state: IndexedPod, reason: str, blocks: int) -> int:
         """Count `blocks` of `state` not indexed for `reason`; returns 0 (none applied)."""
         self.rejected[reason] += blocks
         state.rejected[reason] = state.rejected.get(reason, 0) + blocks

@@ -40,7 +40,7 @@ class Partial:
     pending: tuple[int, ...]
 
 
-class PodState:
+class IndexedPod:
     """One registered pod.
 
     `entries[tier]` maps each engine hash the pod holds in that tier to its gateway

@@ -10,24 +10,24 @@ from collections.abc import Iterable, Sequence
 
 from indexer.block import PrefixStore
 from indexer.hashing import PrefixHasher
-from indexer.pod import Partial, PodState
+from indexer.pod import IndexedPod, Partial
 from indexer.snapshot import EntryGroup, EntryRecord, PartialRecord, PodIndexState
 from indexer.types import REAL_TIERS, EngineHash, Tier
 
 
-def held_hashes(state: PodState) -> set[EngineHash]:
-    """Engine hashes `state` holds in any real tier (see `PodState.engine_hashes`)."""
+def held_hashes(state: IndexedPod) -> set[EngineHash]:
+    """Engine hashes `state` holds in any real tier (see `IndexedPod.engine_hashes`)."""
     held: set[EngineHash] = set()
     for tier in REAL_TIERS:
         held |= state.engine_hashes(tier)
     return held
 
 
-def held_hashes_by_tier(state: PodState) -> dict[Tier, set[EngineHash]]:
+def held_hashes_by_tier(state: IndexedPod) -> dict[Tier, set[EngineHash]]:
     return {tier: state.engine_hashes(tier) for tier in REAL_TIERS}
 
 
-def held_tiers(state: PodState, engine_hashes: Iterable[EngineHash]) -> dict[EngineHash, Tier]:
+def held_tiers(state: IndexedPod, engine_hashes: Iterable[EngineHash]) -> dict[EngineHash, Tier]:
     """Of these engine hashes, the ones `state` holds in a real tier, with its best tier."""
     held: dict[EngineHash, Tier] = {}
     for engine_hash in engine_hashes:
@@ -41,7 +41,7 @@ def held_tiers(state: PodState, engine_hashes: Iterable[EngineHash]) -> dict[Eng
 
 
 def engine_blocks(
-    state: PodState, store: PrefixStore, hasher: PrefixHasher, token_ids: Sequence[int]
+    state: IndexedPod, store: PrefixStore, hasher: PrefixHasher, token_ids: Sequence[int]
 ) -> list[tuple[EngineHash, Tier]]:
     """The engine hashes of `state` that hold the longest prefix of `token_ids` it holds
     in a real tier of `store`, each once with its best tier, in prompt order (see
@@ -79,7 +79,7 @@ def engine_blocks(
     return [(engine_hash, tier) for engine_hash, (_, tier) in ordered]
 
 
-def export_entries(state: PodState) -> PodIndexState:
+def export_entries(state: IndexedPod) -> PodIndexState:
     """What `state` holds for real (router-side entries excluded), for a snapshot."""
     groups: dict[tuple[Tier, str | None], list[EntryRecord]] = {}
     partials: list[PartialRecord] = []

@@ -30,7 +30,7 @@ from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
 from indexer.ingest import Ingest
 from indexer.match import IndexStats, MatchResult, match_prefix
-from indexer.pod import PodState
+from indexer.pod import IndexedPod
 from indexer.snapshot import PodIndexState
 from indexer.types import (
     EngineHash,
@@ -59,11 +59,11 @@ class SyncPrefixHashTable:
         limits = self._limits = self.config.limits
         self._clock = clock
         self._stores: dict[ModelContext, PrefixStore] = {}
-        self._pods: dict[str, PodState] = {}
-        self._by_bit: dict[int, PodState] = {}
+        self._pods: dict[str, IndexedPod] = {}
+        self._by_bit: dict[int, IndexedPod] = {}
         self._free_bits: list[int] = []
         self._next_bit_index = 0
-        self._epochs = 0  # source of PodState.epoch: bumped on every registration and clear
+        self._epochs = 0  # source of IndexedPod.epoch: bumped on every registration and clear
         self._candidates: dict[tuple[str, ...], tuple[dict[str, int], int]] = {}
         """Candidate lists seen by `match` -> (name -> pod bit, OR of the bits); emptied
         whenever a pod's bit changes, so a match does not rebuild it for every request."""
@@ -98,7 +98,7 @@ class SyncPrefixHashTable:
         else:
             index = self._next_bit_index
             self._next_bit_index += 1
-        state = PodState(
+        state = IndexedPod(
             pod,
             1 << index,
             model,
@@ -332,13 +332,13 @@ class SyncPrefixHashTable:
         self._candidates[names] = found = (bits, alive)
         return found
 
-    def _state(self, pod: str) -> PodState:
+    def _state(self, pod: str) -> IndexedPod:
         state = self._pods.get(pod)
         if state is None:
             raise UnknownPodError(pod)
         return state
 
-    def _clear_state(self, state: PodState) -> None:
+    def _clear_state(self, state: IndexedPod) -> None:
         self._holdings.drop_pod(state)
         self._epochs += 1
         state.epoch = self._epochs

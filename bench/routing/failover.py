@@ -91,9 +91,7 @@ def failover_figures(
         "killed_after_requests": kill.killed_after_requests,
         "lost_on_killed": len(lost),
         "failed_on_survivors": sum(r.error is not None for r in survivors),
-        "failed_on_replacement": sum(
-            r.error is not None for r in victim if r.started >= ready_at
-        ),
+        "failed_on_replacement": sum(r.error is not None for r in victim if r.started >= ready_at),
         "replacement_ready_s": kill.ready_at - kill.restarted_at,
         "down_s": kill.ready_at - kill.killed_at,
         "replacement": {
