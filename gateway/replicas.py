@@ -114,6 +114,8 @@ class ReplicaSync:
         self.cpu_s = 0.0
         """This thread's CPU spent encoding, sending, receiving and applying messages."""
         self._outbox: list[list[Any]] = []
+        self._outbox_bytes = 0
+        """What the queued messages will weigh packed, at most."""
         self.dropped = 0
         """Messages not sent (the PUB's high-water mark: a slow peer)."""
         self.rejected: Counter[str] = Counter()
@@ -239,22 +241,29 @@ class ReplicaSync:
         """Queue one message; the turn's messages leave together once the loop is free."""
         if self._pub is None:
             return
+        # A frame stays well under the peers' MAXMSGSIZE (a larger one would cost the
+        # connection): a hash packs in at most 9 bytes.
+        size = 64 + 9 * len(body[5]) if body[0] == "d" else 16
+        if self._outbox and (
+            self._outbox_bytes + size > MAX_MESSAGE_BYTES // 2
+            or len(self._outbox) >= MAX_MESSAGES_PER_FRAME
+        ):
+            self.flush()
         outbox = self._outbox
         outbox.append(body)
+        self._outbox_bytes += size
         if len(outbox) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
             except RuntimeError:  # no loop (a direct call): send at once
                 self.flush()
-        elif len(outbox) >= MAX_MESSAGES_PER_FRAME:
-            self.flush()
 
     def flush(self) -> None:
         """Send the queued messages as one frame (dropped whole at the high-water mark)."""
         pub, outbox = self._pub, self._outbox
         if not outbox:
             return
-        self._outbox = []
+        self._outbox, self._outbox_bytes = [], 0
         if pub is None:
             return
         with self._timed():

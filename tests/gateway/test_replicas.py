@@ -10,11 +10,13 @@ from typing import Any
 
 import msgpack
 import pytest
+import zmq
+import zmq.asyncio
 
 from gateway.errors import ConfigError
-from gateway.replicas import ReplicaSync
+from gateway.replicas import MAX_MESSAGE_BYTES, ReplicaSync
 from gateway.routing import CostModel
-from indexer import IndexConfig, SyncPrefixHashTable
+from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
 from tests.helpers import eventually
@@ -167,3 +169,43 @@ def test_a_sync_port_already_taken_stops_start_up_naming_the_setting() -> None:
         finally:
             sync.close()
     assert refused.value.variable == "KVGATE_REPLICA_SYNC_BIND"
+
+
+async def test_a_burst_of_decisions_leaves_in_frames_a_peer_accepts(tmp_path: Path) -> None:
+    """One event-loop turn's messages share a frame, but never one over the peers'
+    MAXMSGSIZE (ZMQ would drop the connection): 40 decisions of 4,000 hashes each."""
+    endpoint = f"ipc://{tmp_path}/burst.sync"
+    cost = CostModel()
+    sync = ReplicaSync(bind=endpoint, peers=(), table=SyncPrefixHashTable(IndexConfig()),
+                       cost=cost, known_pod=lambda name: True)  # fmt: skip
+    sync.start()
+    context = zmq.asyncio.Context()
+    peer = context.socket(zmq.SUB)
+    peer.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    peer.setsockopt(zmq.SUBSCRIBE, b"")
+    peer.connect(endpoint)
+    try:
+        # The subscription reaches the PUB asynchronously: heartbeats until one arrives.
+        async def heard() -> bool:
+            sync.flush()
+            sync._send(["h"])
+            sync.flush()
+            return bool(await peer.poll(timeout=50))
+
+        await eventually(heard, what="the peer subscribed")
+        while await peer.poll(timeout=50):
+            await peer.recv()
+        for number in range(40):  # one turn: no await between them
+            ticket = cost.start(cost.predict("e0", 64_000, 0.0), streamed=True)
+            sync.decided(ticket, ModelContext(MODEL), list(range(number, number + 4_000)))
+        frames = []
+        while len(frames) < 40 and await peer.poll(timeout=2_000):
+            frame = await peer.recv()
+            assert len(frame) <= MAX_MESSAGE_BYTES
+            frames.extend(m for m in msgpack.unpackb(frame)[3] if m[0] == "d")
+        assert len(frames) == 40  # every decision arrived: the connection survived
+        assert sync.sent["d"] == 40 and sync.dropped == 0
+    finally:
+        peer.close(linger=0)
+        context.term()
+        sync.close()
