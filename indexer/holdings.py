@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from indexer.block import PrefixStore
-from indexer.pod import IndexedPod, Target
+from indexer.pod import IndexedPod, Target, release_extra
 from indexer.types import REAL_TIERS, EngineHash, Tier
 
 _GPU, _EXPECTED = Tier.GPU, Tier.EXPECTED
@@ -61,15 +61,8 @@ class Holdings:
     def unlink(self, state: IndexedPod, store: PrefixStore, gw_hash: int, tier: Tier) -> None:
         """One engine entry of `state` in `tier` no longer stands for `gw_hash`."""
         refs = state.extra_refs[tier]
-        if refs:
-            key = state.key(store, gw_hash)
-            extra = refs.get(key)
-            if extra:
-                if extra == 1:
-                    del refs[key]
-                else:
-                    refs[key] = extra - 1
-                return
+        if refs and release_extra(refs, state.key(store, gw_hash)):
+            return
         held = store.held
         mask = held.get(gw_hash)
         if mask is None:

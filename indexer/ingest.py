@@ -16,7 +16,7 @@ from indexer.config import IndexLimits
 from indexer.eviction import Evictor
 from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
-from indexer.pod import IndexedPod, OtherContext, Partial, Target
+from indexer.pod import IndexedPod, OtherContext, Partial, Target, release_extra
 from indexer.snapshot import PodIndexState
 from indexer.types import EngineHash, StoredBlocksEvent, Tier
 
@@ -279,14 +279,8 @@ class Ingest:
                 self.unknown_removals += 1
                 continue
             known += 1
-            if copies:
-                extra = copies.get(engine_hash)
-                if extra:
-                    if extra == 1:
-                        del copies[engine_hash]
-                    else:
-                        copies[engine_hash] = extra - 1
-                    continue
+            if copies and release_extra(copies, engine_hash):
+                continue
             state.size -= 1
             if target is None:
                 del partials[engine_hash]

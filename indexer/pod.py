@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from indexer.block import PrefixStore
 from indexer.types import EngineHash, ModelContext, Tier
+
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+def release_extra(extras: dict[_Key, int], key: _Key) -> bool:
+    """One copy of `key` beyond its first goes, if it has any (`extras` counts only those
+    beyond the first: a key at 0 is absent); True when one did."""
+    extra = extras.get(key)
+    if not extra:
+        return False
+    if extra == 1:
+        del extras[key]
+    else:
+        extras[key] = extra - 1
+    return True
 
 
 class OtherContext:
