@@ -8,7 +8,7 @@ import logging
 import re
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -546,16 +546,16 @@ class Settings:
     def load(cls, env: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> Settings:
         """Settings from `env`, then `overrides` (command-line flags; None = not given)."""
         values: dict[str, Any] = {}
-        for spec in fields(cls):
-            declaration = spec.metadata.get(_DECLARATION)
-            if declaration is not None:
-                value = _read(env, declaration)
-                if value is not _UNSET:
-                    values[spec.name] = value
+        defaults: dict[str, Any] = {}
+        for name, declaration, default in _declared():
+            defaults[name] = default
+            value = _read(env, declaration)
+            if value is not _UNSET:
+                values[name] = value
         values["index"] = _index_config(env)
-        if "pin_default_ttl_s" not in values:
-            maximum = values.get("pin_max_ttl_s", _field_default(cls, "pin_max_ttl_s"))
-            values["pin_default_ttl_s"] = min(maximum, _field_default(cls, "pin_default_ttl_s"))
+        if "pin_default_ttl_s" not in values:  # a lower maximum caps the default
+            maximum = values.get("pin_max_ttl_s", defaults["pin_max_ttl_s"])
+            values["pin_default_ttl_s"] = min(maximum, defaults["pin_default_ttl_s"])
         settings = cls(**values)
         if overrides:
             given = {key: value for key, value in overrides.items() if value is not None}
@@ -607,39 +607,42 @@ INDEX_SETTINGS: tuple[tuple[str, Declaration], ...] = (
 Their defaults are the indexer's own."""
 
 
-def declarations() -> list[tuple[Declaration, object]]:
-    """Every setting's declaration with its default, in the README's order."""
-    found: list[tuple[Declaration, object]] = []
-    defaults = Settings()
+def _declared() -> Iterator[tuple[str, Declaration, object]]:
+    """(field, declaration, default) of every declared Settings field, in order."""
     for spec in fields(Settings):
         declaration = spec.metadata.get(_DECLARATION)
         if declaration is not None:
-            found.append((declaration, getattr(defaults, spec.name)))
-    index = IndexConfig()
-    for path, declaration in INDEX_SETTINGS:
-        found.append((declaration, _attribute(index, path)))
-    return found
+            factory = spec.default_factory
+            default = factory() if factory is not MISSING else spec.default
+            yield spec.name, declaration, default
 
 
 def setting_declaration(name: str) -> tuple[Declaration, object]:
     """The declaration of the Settings field `name`, with its default."""
-    for spec in fields(Settings):
-        if spec.name == name and _DECLARATION in spec.metadata:
-            return spec.metadata[_DECLARATION], getattr(Settings(), name)
+    for field_name, declaration, default in _declared():
+        if field_name == name:
+            return declaration, default
     raise KeyError(name)
 
 
 def setting_groups() -> dict[str, list[tuple[Declaration, object]]]:
     """The declarations with their defaults, as the README's two tables group them: the
     gateway's, then the index's (README, "The indexer", "Limits")."""
-    everything = declarations()
-    split = len(everything) - len(INDEX_SETTINGS)
-    return {"gateway": everything[:split], "index": everything[split:]}
+    index = IndexConfig()
+    return {
+        "gateway": [(declaration, default) for _, declaration, default in _declared()],
+        "index": [(declaration, _attribute(index, path)) for path, declaration in INDEX_SETTINGS],
+    }
 
 
 def setting_names() -> list[str]:
     """Every environment variable (and `--config` key) a setting is read from."""
-    return sorted(name for declaration, _ in declarations() for name, _, _ in declaration.names())
+    return sorted(
+        name
+        for entries in setting_groups().values()
+        for declaration, _ in entries
+        for name, _, _ in declaration.names()
+    )
 
 
 def unread_variables(env: Mapping[str, str]) -> list[str]:
@@ -722,7 +725,3 @@ def _attribute(target: object, path: str) -> object:
     for name in path.split("."):
         target = getattr(target, name)
     return target
-
-
-def _field_default(cls: type[Settings], name: str) -> Any:
-    return next(spec.default for spec in fields(cls) if spec.name == name)

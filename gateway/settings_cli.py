@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from gateway.errors import ConfigError
-from gateway.settings import Declaration, setting_groups
+from gateway.settings import Declaration, Settings, setting_groups
 
 _BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n)(.*?)(<!-- /settings:\2 -->)", re.DOTALL)
 
@@ -72,8 +72,6 @@ def readme_groups(text: str) -> dict[str, str]:
 
 def listing(env: dict[str, str]) -> str:
     """Each setting, its default and the value `env` gives it (validated as at start-up)."""
-    from gateway.settings import Settings
-
     Settings.load(env)  # an invalid value is reported as `kvgate serve` would
     lines = []
     for group, entries in setting_groups().items():
