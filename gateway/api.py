@@ -21,6 +21,7 @@ from gateway.proxy import ClientWatch, ProxyRequest
 from gateway.registry import PodState
 from gateway.router import Kind, Routed
 from gateway.state import GatewayState, state_of
+from gateway.tokenizer import is_token_ids
 from gateway.usage import UsageMeter
 from subscriber import Phase
 
@@ -102,22 +103,11 @@ def validate(kind: Kind, body: dict[str, Any]) -> None:
             _check_prompt_list(prompt)
 
 
-_MAX_TOKEN_ID = 2**32 - 1
-
-
 def _check_prompt_list(prompt: list[Any]) -> None:
-    """A list prompt is strings, token ids, or lists of token ids; a token id is a JSON
-    integer in [0, 2**32) — `true` is not one (Python would take it for 1)."""
-
-    def token_ids(values: list[Any]) -> bool:
-        # In C, not a Python loop: a prompt may be 100k token ids.
-        if not values:
-            return True
-        return set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= _MAX_TOKEN_ID
-
-    if all(isinstance(item, str) for item in prompt) or token_ids(prompt):
+    """A list prompt is strings, token ids, or lists of token ids."""
+    if all(isinstance(item, str) for item in prompt) or is_token_ids(prompt):
         return
-    if all(isinstance(item, list) and item and token_ids(item) for item in prompt):
+    if all(isinstance(item, list) and item and is_token_ids(item) for item in prompt):
         return
     raise BadRequest(
         "`prompt` must be a string, a list of strings, or token ids (integers in [0, 2**32), "

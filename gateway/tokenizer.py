@@ -37,6 +37,17 @@ class TokenizerError(Exception):
         self.retryable = retryable
 
 
+MAX_TOKEN_ID = 2**32 - 1
+
+
+def is_token_ids(values: list[Any]) -> bool:
+    """Every value a token id: a JSON integer in [0, 2**32) — `true` is not one (Python
+    would take it for 1). Checked in C, not a Python loop: a prompt may be 100k ids."""
+    if not values:
+        return True
+    return set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= MAX_TOKEN_ID
+
+
 @dataclass(frozen=True, slots=True)
 class TokenizeInput:
     """What to send to /tokenize, and the cache key that identifies it."""
@@ -53,7 +64,7 @@ class TokenizeInput:
         prompt = request.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one prompt
-        if isinstance(prompt, list) and prompt and set(map(type, prompt)) == {int}:
+        if isinstance(prompt, list) and prompt and is_token_ids(prompt):
             return prompt  # already token ids (only read from here on: no copy)
         if not isinstance(prompt, str):
             raise TokenizerError("only a single prompt (text or token ids) can be matched")
