@@ -229,7 +229,8 @@ class ReplicaSync:
     def decided(self, ticket: Ticket, context: ModelContext, hashes: Sequence[int]) -> None:
         shared = list(hashes[:MAX_HASHES])
         own = ticket.prediction.own_tokens
-        self._send(["d", ticket.number, ticket.pod, context.model, context.lora, shared, own])
+        body = ["d", ticket.number, ticket.pod, context.model, context.lora, shared, own]
+        self._send(body, packed_bytes=64 + 9 * len(shared))  # a hash packs in ≤ 9 bytes
 
     def answered(self, ticket: Ticket) -> None:
         self._send(["b", ticket.number])
@@ -237,21 +238,20 @@ class ReplicaSync:
     def finished(self, ticket: Ticket) -> None:
         self._send(["f", ticket.number])
 
-    def _send(self, body: list[Any]) -> None:
-        """Queue one message; the turn's messages leave together once the loop is free."""
+    def _send(self, body: list[Any], packed_bytes: int = 16) -> None:
+        """Queue one message (`packed_bytes`: at most its packed size); the turn's messages
+        leave together once the loop is free."""
         if self._pub is None:
             return
-        # A frame stays well under the peers' MAXMSGSIZE (a larger one would cost the
-        # connection): a hash packs in at most 9 bytes.
-        size = 64 + 9 * len(body[5]) if body[0] == "d" else 16
+        # A frame stays well under the peers' MAXMSGSIZE (a larger one costs the connection).
         if self._outbox and (
-            self._outbox_bytes + size > MAX_MESSAGE_BYTES // 2
+            self._outbox_bytes + packed_bytes > MAX_MESSAGE_BYTES // 2
             or len(self._outbox) >= MAX_MESSAGES_PER_FRAME
         ):
             self.flush()
         outbox = self._outbox
         outbox.append(body)
-        self._outbox_bytes += size
+        self._outbox_bytes += packed_bytes
         if len(outbox) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)
