@@ -13,7 +13,6 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.discovery import load_pods_file
 from gateway.errors import ConfigError
 from gateway.http_protocol import bounded_protocol
 from gateway.logs import configure_logging
@@ -104,10 +103,6 @@ def run(args: argparse.Namespace) -> int:
                 "kvgate has no counterpart for; README lists every setting)",
                 name,
             )
-        if settings.discovery == "static":
-            if settings.pods_file is None:
-                raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
-            load_pods_file(settings.pods_file)  # a bad file stops start-up with its message
         # A bad routing config (unknown plugin, bad parameter) stops start-up naming it.
         build_policies(settings, random.Random())
         from gateway.app import create_app

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from gateway.discovery.base import Discovery
 from gateway.discovery.kubernetes import KubernetesDiscovery
-from gateway.discovery.static import StaticFileDiscovery
+from gateway.discovery.static import StaticFileDiscovery, load_pods_file
 from gateway.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def _static(settings: Settings) -> Discovery:
     if settings.pods_file is None:
-        raise ConfigError("KVGATE_PODS_FILE", None, "a pods file (--pods) or a discovery")
+        raise ConfigError("KVGATE_PODS_FILE", None, "a pods file: pass --pods FILE")
+    load_pods_file(settings.pods_file)  # a bad file stops start-up here, with its message
     return StaticFileDiscovery(settings.pods_file)
 
 
