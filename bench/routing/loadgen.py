@@ -23,7 +23,6 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -134,21 +133,13 @@ async def send(
 
 async def run(spec: LoadSpec, script: Script) -> list[RequestRecord]:
     records: list[RequestRecord] = []
-    scale = spec.time_scale
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
     timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
     router = spec.urls()
-
-    async def converse(client: httpx.AsyncClient, conversation: Conversation) -> None:
-        for index, turn in enumerate(conversation.turns):
-            records.append(await send(client, spec, conversation, index, router))
-            if index + 1 < len(conversation.turns):
-                await asyncio.sleep(turn.think_s / scale)
-
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
         prober = asyncio.create_task(router.probe(client))
         try:
-            await _drive(spec, script, client, records, router, converse)
+            await _drive(spec, script, client, records, router)
         finally:
             prober.cancel()
     return records
@@ -160,29 +151,33 @@ async def _drive(
     client: httpx.AsyncClient,
     records: list[RequestRecord],
     router: RouterUrls,
-    converse: Callable[[httpx.AsyncClient, Conversation], Awaitable[None]],
 ) -> None:
+    """Send the script's requests (open or closed loop), appending each one's record."""
     scale = spec.time_scale
+
+    async def one(conversation: Conversation, index: int) -> None:
+        records.append(await send(client, spec, conversation, index, router))
+
     if spec.mode == "open":
-
-        async def one(conversation: Conversation, index: int) -> None:
-            records.append(await send(client, spec, conversation, index, router))
-
         origin = time.perf_counter()
         async with asyncio.TaskGroup() as group:
             for at, conversation, index in schedule(script, spec.rate, spec.seed):
                 await asyncio.sleep(max(0.0, origin + at / scale - time.perf_counter()))
                 group.create_task(one(script.conversations[conversation], index))
-    else:
-        queue = list(reversed(script.conversations))
+        return
+    queue = list(reversed(script.conversations))
 
-        async def user() -> None:
-            while queue:
-                await converse(client, queue.pop())
+    async def user() -> None:
+        while queue:
+            conversation = queue.pop()
+            for index, turn in enumerate(conversation.turns):
+                await one(conversation, index)
+                if index + 1 < len(conversation.turns):
+                    await asyncio.sleep(turn.think_s / scale)
 
-        async with asyncio.TaskGroup() as group:
-            for _ in range(spec.concurrency):
-                group.create_task(user())
+    async with asyncio.TaskGroup() as group:
+        for _ in range(spec.concurrency):
+            group.create_task(user())
 
 
 def main(argv: list[str]) -> int:
