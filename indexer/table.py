@@ -40,6 +40,9 @@ from indexer.types import (
     UnknownPodError,
 )
 
+_Candidates = tuple[dict[str, int], dict[int, str], int]
+"""A candidate list's (name -> pod bit, bit -> name for the known pods, OR of the bits)."""
+
 _CANDIDATE_LISTS = 256
 """Distinct candidate lists remembered by `match` (a fleet has a handful: per model, per
 health state); past this many the memory is simply cleared."""
@@ -64,8 +67,9 @@ class SyncPrefixHashTable:
         self._free_bits: list[int] = []
         self._next_bit_index = 0
         self._epochs = 0  # source of IndexedPod.epoch: bumped on every registration and clear
-        self._candidates: dict[tuple[str, ...], tuple[dict[str, int], int]] = {}
-        """Candidate lists seen by `match` -> (name -> pod bit, OR of the bits); emptied
+        self._candidates: dict[tuple[str, ...], _Candidates] = {}
+        """Candidate lists seen by `match` -> (name -> pod bit, bit -> name, OR of the
+        bits); emptied
         whenever a pod's bit changes, so a match does not rebuild it for every request."""
         self._holdings = Holdings(self._by_bit)
         self._expected = ExpectedEntries(self._pods, self._holdings, limits.max_expected_per_pod)
@@ -221,8 +225,8 @@ class SyncPrefixHashTable:
         found = self._candidates.get(key)
         if found is None:
             found = self._candidate_bits(key)
-        bits, alive = found
-        return match_prefix(self._stores.get(context), bits, alive, prefix_hashes, now)
+        bits, by_bit, alive = found
+        return match_prefix(self._stores.get(context), bits, by_bit, alive, prefix_hashes, now)
 
     def dump(self, pod: str) -> set[EngineHash]:
         """Engine hashes the index believes `pod` holds, in any tier."""
@@ -321,15 +325,16 @@ class SyncPrefixHashTable:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _candidate_bits(self, names: tuple[str, ...]) -> tuple[dict[str, int], int]:
+    def _candidate_bits(self, names: tuple[str, ...]) -> _Candidates:
         pods = self._pods
         bits = {name: pods[name].bit if name in pods else 0 for name in names}
+        by_bit = {bit: name for name, bit in bits.items() if bit}
         alive = 0
-        for bit in bits.values():
+        for bit in by_bit:
             alive |= bit
         if len(self._candidates) >= _CANDIDATE_LISTS:
             self._candidates.clear()
-        self._candidates[names] = found = (bits, alive)
+        self._candidates[names] = found = (bits, by_bit, alive)
         return found
 
     def _state(self, pod: str) -> IndexedPod:

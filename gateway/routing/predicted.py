@@ -20,24 +20,34 @@ def predict_all(
 ) -> dict[str, Prediction]:
     """Each candidate's predicted TTFT for this request (computed once per decision)."""
     predictions = request.state.predictions
-    missing = [pod for pod in pods if pod.pod.name not in predictions]
+    missing = [pod for pod in pods if pod.pod.name not in predictions] if predictions else pods
     if not missing:
         return predictions
     match = request.match
-    candidates = []
-    for pod in missing:
-        name = pod.pod.name
-        if match is None:
-            cached = 0.0
-        elif not match.tiered(name):
-            cached = float(match.blocks.get(name, 0) * block_size)
-        else:
-            counts = match.tier_counts(name)
-            cached = cost.cached_tokens(
-                counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE],
-                counts[Tier.EXPECTED], block_size,
-            )  # fmt: skip
-        candidates.append((name, cached, pod.scraped_at, pod.running, pod.waiting))
+    block = float(block_size)
+    if match is None:
+        candidates = [(pod.pod.name, 0.0, pod.scraped_at, pod.running, pod.waiting)
+                      for pod in missing]  # fmt: skip
+    elif not match.off_gpu:  # every matched block on GPU: the lengths are the whole answer
+        lengths = match.lengths()
+        candidates = [
+            (pod.pod.name, lengths.get(pod.pod.name, 0) * block, pod.scraped_at, pod.running,
+             pod.waiting)
+            for pod in missing
+        ]  # fmt: skip
+    else:
+        candidates = []
+        for pod in missing:
+            name = pod.pod.name
+            if not match.tiered(name):
+                cached = match.matched(name) * block
+            else:
+                counts = match.tier_counts(name)
+                cached = cost.cached_tokens(
+                    counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE],
+                    counts[Tier.EXPECTED], block_size,
+                )  # fmt: skip
+            candidates.append((name, cached, pod.scraped_at, pod.running, pod.waiting))
     for prediction in cost.predict_many(candidates, request.prompt_tokens):
         predictions[prediction.pod] = prediction
     return predictions
@@ -119,18 +129,19 @@ class MinPredictedTtftPicker:
             return []
         predictions = predict_all(self._cost, self._block_size, request, pods)
         match = request.match
-        matched = match.matched if match is not None else _nothing
+        lengths: Mapping[str, int] = match.lengths() if match is not None else {}
+        names = [pod.pod.name for pod in pods]
+        ttfts = [predictions[name].ttft_s for name in names]
         slo = request.slo_ttft_s
         if slo is not None:
-            meeting = [pod for pod in pods if predictions[pod.pod.name].ttft_s <= slo]
+            meeting = [i for i, ttft in enumerate(ttfts) if ttft <= slo]
             if meeting:
-                meeting.sort(key=lambda pod: (-matched(pod.pod.name),
-                                              predictions[pod.pod.name].ttft_s))  # fmt: skip
-                rest = [pod for pod in pods if predictions[pod.pod.name].ttft_s > slo]
-                rest.sort(key=lambda pod: predictions[pod.pod.name].ttft_s)
-                return meeting + rest
+                meeting.sort(key=lambda i: (-lengths.get(names[i], 0), ttfts[i]))
+                rest = [i for i, ttft in enumerate(ttfts) if ttft > slo]
+                rest.sort(key=ttfts.__getitem__)
+                return [pods[i] for i in meeting + rest]
             if self.shed:
-                best = min(predictions[pod.pod.name].ttft_s for pod in pods)
+                best = min(ttfts)
                 raise SloUnreachable(
                     f"no pod is predicted to answer within the {slo * 1e3:.0f} ms TTFT "
                     f"objective (best: {best * 1e3:.0f} ms)",
@@ -138,20 +149,21 @@ class MinPredictedTtftPicker:
                 )
         # A first turn whose whole prompt some pod already holds is a repeat (a retry, a
         # regenerated answer), not a new conversation: it goes where it is cached.
-        repeat = match is not None and 0 < request.prompt_blocks <= max(
-            match.blocks.values(), default=0
-        )
+        repeat = 0 < request.prompt_blocks <= max(lengths.values(), default=0)
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         if placing:
-            least = min(predictions[pod.pod.name].own_tokens for pod in pods)
-            costs = {name: p.with_own_tokens(least) for name, p in predictions.items()}
-        else:
+            least = min(predictions[name].own_tokens for name in names)
+            costs = [predictions[name].with_own_tokens(least) for name in names]
+        elif self.prefill_weight:
             weight = self.prefill_weight
-            costs = {
-                name: p.ttft_s + weight * p.own_prefill_s() if weight else p.ttft_s
-                for name, p in predictions.items()
-            }
-        ranking = sorted(pods, key=lambda pod: costs[pod.pod.name])
+            costs = [
+                ttft + weight * predictions[name].own_prefill_s()
+                for name, ttft in zip(names, ttfts, strict=True)
+            ]
+        else:
+            costs = ttfts
+        order = sorted(range(len(pods)), key=costs.__getitem__)
+        ranking = [pods[i] for i in order]
         if self.probe_rate and self._rng.random() < self.probe_rate:
             # Now and then a stale pod goes first: a pod one unlucky answer made look slow
             # gets measured again instead of starving; a pod in use is never probed.
@@ -161,30 +173,28 @@ class MinPredictedTtftPicker:
                 ranking.insert(0, stale[-1])
                 return ranking
         tolerance = self.placement_tolerance if placing else self.tie_tolerance
-        limit = costs[ranking[0].pod.name] * (1.0 + tolerance)
+        limit = costs[order[0]] * (1.0 + tolerance)
         ties = 1
-        while ties < len(ranking) and costs[ranking[ties].pod.name] <= limit:
+        while ties < len(order) and costs[order[ties]] <= limit:
             ties += 1
-        if ties > 1 and placing:
+        if ties == 1:
+            return ranking
+        head = ranking[:ties]
+        if placing:
             activity = self._cost.activity
-            head = ranking[:ties]
             self._rng.shuffle(head)  # equals in activity and match: no pod favoured by place
-            head.sort(key=lambda pod: (round(activity(pod.pod.name), 1), -matched(pod.pod.name)))
-            ranking[:ties] = head
-        elif ties > 1:
+            head.sort(
+                key=lambda pod: (round(activity(pod.pod.name), 1), -lengths.get(pod.pod.name, 0))
+            )
+        else:
             # Near-equal predictions: keep the cache warm where it already is; among pods
             # that hold as much, a random one (no pod is favoured by its place in the list).
-            head = sorted(ranking[:ties], key=lambda pod: -matched(pod.pod.name))
-            most = matched(head[0].pod.name)
+            head.sort(key=lambda pod: -lengths.get(pod.pod.name, 0))
+            most = lengths.get(head[0].pod.name, 0)
             equal = 1
-            while equal < len(head) and matched(head[equal].pod.name) == most:
+            while equal < len(head) and lengths.get(head[equal].pod.name, 0) == most:
                 equal += 1
             if equal > 1:
-                pick = self._rng.randrange(equal)
-                head.insert(0, head.pop(pick))
-            ranking[:ties] = head
+                head.insert(0, head.pop(self._rng.randrange(equal)))
+        ranking[:ties] = head
         return ranking
-
-
-def _nothing(pod: str) -> int:
-    return 0

@@ -40,7 +40,8 @@ class Decision:
     """Candidates that passed the filters, best first."""
     scores: dict[str, float] = field(default_factory=dict)
     components: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Per pod, each scorer's score before weighting (for /admin/match)."""
+    """Per pod, each scorer's score before weighting (for /admin/match; empty when the
+    profile has no scorer)."""
     predictions: dict[str, Prediction] = field(default_factory=dict)
     """Per pod, the predicted TTFT, when a plugin of this profile predicted it."""
 
@@ -84,8 +85,10 @@ class RoutingProfile:
             timer(step.name, clock() - started)
             if not pods:
                 return Decision(self.name, [])
-        totals = {pod.name: 0.0 for pod in pods}
-        components: dict[str, dict[str, float]] = {pod.name: {} for pod in pods}
+        totals = dict.fromkeys([pod.pod.name for pod in pods], 0.0)
+        components: dict[str, dict[str, float]] = (
+            {name: {} for name in totals} if self.scorers else {}
+        )
         for weighted in self.scorers:
             started = clock()
             scored = weighted.scorer.score(request, pods)
