@@ -6,7 +6,8 @@ stored through `apply_stored` as the subscriber would): every request is a compl
 with its token ids (so no tokenizer call), a system prompt + 1,024 unique tokens. The
 figure is the wall time of `route` (prefix hashing, index match, the profile's plugins,
 the router-side entries and the cost model's bookkeeping), per policy, interleaved so
-that every policy sees the same machine state; p50 and p99 in µs.
+that every policy sees the same machine state; p50 and p99 in µs. Every pod has been
+scraped (running and waiting counts), as in a live gateway.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ async def _measure(pods: int, requests: int, seed: int) -> dict[str, dict[str, f
     for name in names:
         await registry.upsert_pod(Pod(name=name, url=f"http://{name}:8000", model=MODEL))
         table.register_pod(name, MODEL, publishes_events=True)
+    for state in registry.serving(MODEL):  # as the metrics scraper leaves them
+        state.scraped_at, state.running, state.waiting = 0.0, float(rng.randrange(8)), 1.0
     systems = [[rng.randrange(1, 50_000) for _ in range(1024)] for _ in range(16)]
     engine_hash = 1
     for system in systems:

@@ -301,38 +301,48 @@ class CostModel:
         decision's candidates in one loop (a decision predicts every pod of the model)."""
         if now is None:
             now = self._clock()
-        pods, fleet = self._pods, self.fleet
-        predictions = []
+        pods, work_for = self._pods, self._work
+        fleet_theta = self.fleet.coefficients
+        make = tuple.__new__  # Prediction(...) runs namedtuple's Python-level __new__
+        predictions: list[Prediction] = []
+        append = predictions.append
         for pod, cached_tokens, scraped_at, running, waiting in candidates:
-            work = pods.get(pod) or self._work(pod)
+            work = pods.get(pod) or work_for(pod)
             if work.unobserved:
                 self._expire(work, now)
             queued = work.prefill_tokens
-            queued_requests = float(work.prefilling)
+            prefilling = work.prefilling
+            queued_requests = float(prefilling)
             decoding = float(work.decoding)
             if scraped_at is not None:
-                if work.at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
-                    work.at_scrape = (scraped_at, work.prefilling, work.decoding)
-                _, ours_prefilling, ours_decoding = work.at_scrape
+                at_scrape = work.at_scrape
+                if at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
+                    at_scrape = work.at_scrape = (scraped_at, prefilling, work.decoding)
+                ours_prefilling = at_scrape[1]
                 # The engine counts every replica's requests; ours in prefill may be running
                 # or waiting there, so only what exceeds all of ours is another replica's.
-                others = running + waiting - ours_prefilling - ours_decoding
-                if others > 0 and math.isfinite(others):
-                    others_waiting = min(others, max(0.0, waiting - ours_prefilling))
+                others = running + waiting - ours_prefilling - at_scrape[2]
+                if others > 0.0 and others != math.inf:  # (NaN fails the first test)
+                    others_waiting = waiting - ours_prefilling
+                    if others_waiting > others:
+                        others_waiting = others
+                    elif others_waiting < 0.0:
+                        others_waiting = 0.0
                     queued += others_waiting * work.mean_tokens
                     queued_requests += others_waiting
                     decoding += others - others_waiting
             own = prompt_tokens - cached_tokens
             if own < 0.0:
                 own = 0.0
-            theta = (work.model if work.model.observations else fleet).coefficients
+            model = work.model
+            theta = model.coefficients if model.observations else fleet_theta
             ttft = (
                 theta[0]
                 + theta[1] * (own + queued) / _TOKEN_UNIT
                 + theta[2] * queued_requests / _SEQ_UNIT
                 + theta[3] * decoding / _SEQ_UNIT
             )
-            predictions.append(Prediction(pod, ttft, own, queued, queued_requests, decoding, theta))
+            append(make(Prediction, (pod, ttft, own, queued, queued_requests, decoding, theta)))
         return predictions
 
     def export(self) -> dict[str, Any]:
