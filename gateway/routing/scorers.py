@@ -34,11 +34,17 @@ class PrefixScorer:
         if match is None or request.prompt_blocks == 0:
             return {pod.name: 0.0 for pod in pods}
         weights = self.tier_weights
+        lengths = match.lengths()
+        per_gpu_block = weights.get(Tier.GPU, 0.0) / request.prompt_blocks
         scores = {}
         for pod in pods:
-            counts = match.tier_counts(pod.name)
+            name = pod.pod.name
+            if not match.tiered(name):  # the common case: every matched block on its GPU
+                scores[name] = lengths.get(name, 0) * per_gpu_block
+                continue
+            counts = match.tier_counts(name)
             held = sum(weights.get(tier, 0.0) * count for tier, count in counts.items())
-            scores[pod.name] = held / request.prompt_blocks
+            scores[name] = held / request.prompt_blocks
         return scores
 
 
