@@ -164,7 +164,11 @@ def _prediction_view(prediction: Prediction) -> dict[str, Any]:
         "queued_prefill_tokens": prediction.queued_tokens,
         "queued_requests": prediction.queued_requests,
         "decoding_sequences": prediction.decoding,
-        "coefficients": dict(zip(FEATURES, prediction.coefficients, strict=True)),
+        "busy": prediction.busy == 1.0,
+        "step_remaining_ms": prediction.step_remaining_s * 1e3,
+        "in_step_tokens": prediction.in_step_tokens,
+        "speed": prediction.speed,
+        "coefficients": dict(zip(FEATURES, prediction.pod_coefficients(), strict=True)),
         "terms_ms": {name: value * 1e3 for name, value in prediction.terms().items()},
     }
 

@@ -197,7 +197,7 @@ async def _start(
         metrics=metrics,
         registry=registry,
         router=router,
-        upstream=Upstream(pool, metrics),
+        upstream=Upstream(pool, metrics, pulse=cost.pulse),
         subscribers=subscribers,
         started_at=int(time.time()),
         discovery=discovery,

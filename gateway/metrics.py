@@ -341,8 +341,10 @@ class _FleetCollector(Collector):
         )  # fmt: skip
         coefficients = GaugeMetricFamily(
             "kvgate_cost_model_coefficient",
-            "The pod's learned TTFT model: seconds per unit of each term (base; per 1,000 "
-            "prefill tokens; per 10 queued requests; per 10 decoding sequences)",
+            "The TTFT model as it applies to the pod (the fleet's coefficients x the pod's "
+            "learned speed): seconds per unit of each term (base; per 1,000 prefill tokens "
+            "pending; per 10 pending requests; per 10 decoding sequences; busy; per second left "
+            "in the current step, not scaled; per 1,000 tokens in the current step)",
             labels=["pod", "term"],
         )
         queued = GaugeMetricFamily(

@@ -119,10 +119,14 @@ class Upstream:
         metrics: GatewayMetrics,
         *,
         clock: Callable[[], float] = time.perf_counter,
+        pulse: Callable[[str], None] | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
         self._clock = clock
+        self.pulse = pulse
+        """Hears of every chunk relayed from a pod, by the pod's name: each left the engine
+        at the end of one of its steps (the cost model times the steps by them)."""
         self._exchanges: dict[str, weakref.WeakSet[Exchange]] = {}
         """Per pod, its exchanges (weak: a finished one is dropped with its relay)."""
 
@@ -284,7 +288,11 @@ class Relay:
                 {"type": "http.response.start", "status": exchange.status, "headers": self.headers}
             )
             meter = self._meter
+            pulse = upstream.pulse
+            name = state.name
             if exchange.complete:  # a small answer arrives whole with its headers
+                if pulse is not None:
+                    pulse(name)
                 self._first_byte()
                 self._watch.stop()
                 body = exchange.take_body()
@@ -294,6 +302,8 @@ class Relay:
                 return
             first = True
             async for chunk in exchange.chunks():
+                if pulse is not None:
+                    pulse(name)
                 if first:
                     self._first_byte()
                     first = False

@@ -3,7 +3,7 @@ from a routing config (the built-in policies are one: policies.toml)."""
 
 from gateway.routing.affinity import Affinity, PinAffinityPreference, PinLookup
 from gateway.routing.config import build_profiles, configured_profiles, load_specs
-from gateway.routing.cost import CostModel, CostParams, Prediction, Ticket
+from gateway.routing.cost import FEATURES, CostModel, Prediction, Ticket
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
 from gateway.routing.load import LoadEstimator
 from gateway.routing.pickers import (
@@ -18,8 +18,10 @@ from gateway.routing.predicted import MinPredictedTtftPicker, PredictedTtftScore
 from gateway.routing.profile import Decision, Preference, RoutingProfile, Weighted
 from gateway.routing.request import CycleState, RoutingRequest
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
+from gateway.routing.ttft_model import CostParams
 
 __all__ = [
+    "FEATURES",
     "Affinity",
     "CostModel",
     "CostParams",

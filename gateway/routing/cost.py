@@ -1,33 +1,39 @@
-"""What a request costs on each pod: predicted time to first byte, learned per pod.
+"""What a request costs on each pod: predicted time to first byte.
 
-A pod's TTFT for a new request is modelled as linear in four features, all known at
-decision time:
+An engine runs in steps: each step prefills the requests it admitted at its start (first
+come, first served) and decodes one token for every running sequence; a request's first
+token leaves at the end of the step that prefilled it. So a new request's TTFT is the rest
+of the step running now (if the engine is busy) plus the step that will take it, and it is
+modelled as linear in seven features, all known at decision time:
 
-    ttft ≈ θ0 + θ1·(prefill tokens: its own uncached ones + those queued ahead of it)
-              + θ2·(requests queued ahead of it) + θ3·(sequences decoding on the pod)
+    ttft ≈ speed · (θ0 + θ1·(own uncached tokens + prefill tokens pending)
+                    + θ2·(requests pending) + θ3·(sequences decoding) + θ4·busy
+                    + θ6·(tokens in the current step))
+           + θ5·(time left in the current step)
 
-- its own uncached tokens: the prompt minus the blocks the pod holds from the start (GPU
+- own uncached tokens: the prompt minus the blocks the pod holds from the start (GPU
   blocks free, CPU and STORAGE blocks at a fraction of a token's prefill: their load cost);
-- queued prefill: for every request this gateway sent to the pod whose first byte has not
-  come back, its uncached tokens at its decision time; plus what other gateway replicas
-  have queued there, estimated from the engine's scraped `waiting` gauge beyond our own
-  count at that scrape, at this pod's mean uncached tokens per request. The queue ahead
-  runs on the same GPU at the same rate as the request's own prefill, so both share θ1
-  (which a pod then learns from every answer, queued or not); θ2 is each queued request's
-  fixed cost (scheduling, a step's overhead);
-- decoding: our requests past their first byte, plus the engine's scraped `running` beyond
-  ours (decode steps share the engine with prefill: a busy batch slows every prefill step).
+- pending: every request this gateway sent to the pod since its current step began and
+  whose first byte has not come back (it waits for the next step, as this one will), with
+  its uncached tokens at its decision time; plus what other gateway replicas have queued
+  there, estimated from the engine's scraped `waiting` gauge beyond our own count at that
+  scrape, at this pod's mean uncached tokens per request;
+- decoding: our requests past their first byte, plus the engine's `running` beyond ours;
+  busy: 1 when anything runs or waits there (the next step then decodes a batch too);
+- the current step: its start is seen, not guessed — every chunk the gateway relays from
+  a pod leaves at the end of one of its steps, so the first chunk after a quiet spell is a
+  step boundary (`pulse`). Its length is the pod's pure decode step (the shortest of its
+  recent steps) plus the prefill of the requests it admitted (ours sent before it began),
+  at the model's own rates; what is left of it is waited out before anything new starts.
+  Requests admitted in it also count as tokens in the step (θ6): their prefill can run on
+  when the estimate of its length falls short.
 
-θ is learned online per pod by recursive least squares (exponential forgetting) from the
-TTFT the gateway observes — the first body byte of a streamed answer after the request was
-sent — so a pool of mixed GPUs or engine settings is modelled pod by pod. Until its first
-answer a pod is predicted with the fleet's model as it is now (learned from every pod's
-observations, from a prior in the range of a 14B model on one GPU), and its own model
-starts from that: a new pod is usable at once, and a pod not yet answered never looks
-slower (or faster) than the answered ones only because the prior was off. Updates are Huber-weighted
-against a running residual scale (one stalled request cannot drag the model), coefficients
-are kept non-negative (more work never predicts less time), and each model is a fixed
-4×4 state: memory per pod is bounded, whatever the traffic.
+θ is the fleet's (one shape, learned from every pod's streamed first bytes: TTFT observed
+at the gateway) and `speed` is the pod's own factor (`ttft_model.py`): a mixed pool is
+modelled pod by pod from its first answers. Until its first answer a pod runs at the
+fleet's typical speed as it is now. Updates are robust (Huber-weighted residuals), weighted
+in relative terms, coefficients stay non-negative (more work never predicts less time), and
+the state is fixed-size: memory per pod is bounded, whatever the traffic.
 
 The new request's work is added to its pod when it is routed, so the next decision of a
 burst already sees it: a burst spreads as soon as queueing costs more than the cache saves.
@@ -42,36 +48,23 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-FEATURES = ("base", "prefill_tokens", "queued_requests", "decoding")
-"""Names of the model's terms, in coefficient order (for /admin/match and the docs)."""
-_EXPORT_VERSION = 1
+from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
+
+__all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
+
+_EXPORT_VERSION = 2
+"""2: one fleet model and a speed per pod (1 was a full model per pod: refused)."""
 _TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
 _SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 _MAX_PODS = 4096
 _STALE_S = 10.0
 """An idle pod with no answer for this long is `stale`: the picker probes it now and then."""
-_MAX_TRACE_FACTOR = 10.0
-
-# Prior, in seconds per feature unit: 20 ms overhead, 111 µs per prompt token to prefill,
-# 20 ms per ten queued requests, 5 ms per ten decoding sequences (SIM-CALIBRATION:
-# Qwen3-14B-FP8 on one GPU).
-DEFAULT_PRIOR = (0.020, 0.111, 0.020, 0.005)
-
-
-@dataclass(frozen=True, slots=True)
-class CostParams:
-    forgetting: float = 0.995
-    """Weight of the past per observation (≈ the last 200 observations count)."""
-    prior_strength: float = 4.0
-    """Initial covariance scale of a new pod's model: larger lets it leave the prior faster."""
-    huber_k: float = 3.0
-    """Residuals beyond k × the running residual scale are down-weighted."""
-    cpu_load_fraction: float = 0.05
-    """A CPU-tier block costs this share of a block's prefill to load back."""
-    storage_load_fraction: float = 0.2
-    prior: tuple[float, float, float, float] = DEFAULT_PRIOR
-    activity_window_s: float = 10.0
-    """Time constant of each pod's decayed count of requests routed to it (its activity)."""
+_STEP_GAP_S = 0.002
+"""Chunks closer than this (or a quarter of the pod's decode step) belong to one step."""
+_MAX_STEP_S = 5.0
+"""A gap between step boundaries longer than this was idle time, not a step."""
+_STEP_HISTORY = 8
+"""Recent steps whose shortest is the pod's pure decode step."""
 
 
 class Prediction(NamedTuple):
@@ -82,152 +75,79 @@ class Prediction(NamedTuple):
     ttft_s: float
     own_tokens: float
     queued_tokens: float
+    """Prefill tokens pending ahead of it (the next step's), ours and other replicas'."""
     queued_requests: float
     decoding: float
     coefficients: tuple[float, ...]
+    """The fleet's θ at the decision."""
+    busy: float = 0.0
+    step_remaining_s: float = 0.0
+    in_step_tokens: float = 0.0
+    speed: float = 1.0
 
-    def terms(self) -> dict[str, float]:
-        """Each term's share of the predicted TTFT, in seconds (for /admin/match)."""
-        values = self.features()
-        return {name: c * x for name, c, x in zip(FEATURES, self.coefficients, values, strict=True)}
-
-    def with_own_tokens(self, own_tokens: float) -> float:
-        """The predicted TTFT had the request `own_tokens` uncached tokens on this pod."""
-        return self.ttft_s - self.coefficients[1] * (self.own_tokens - own_tokens) / _TOKEN_UNIT
-
-    def own_prefill_s(self) -> float:
-        """The predicted time of this request's own prefill on the pod."""
-        return self.coefficients[1] * self.own_tokens / _TOKEN_UNIT
-
-    def features(self) -> tuple[float, float, float, float]:
+    def features(self) -> tuple[float, ...]:
+        """What the fleet's model learns this answer from (`speed` divided out of the
+        current step's remainder, which is measured on the pod itself)."""
         return (
             1.0,
             (self.own_tokens + self.queued_tokens) / _TOKEN_UNIT,
             self.queued_requests / _SEQ_UNIT,
             self.decoding / _SEQ_UNIT,
+            self.busy,
+            self.step_remaining_s / self.speed,
+            self.in_step_tokens / _TOKEN_UNIT,
         )
 
-
-class TtftModel:
-    """One pod's (or the fleet's) linear TTFT model, fitted by weighted RLS."""
-
-    __slots__ = (
-        "_max_trace", "_p", "_params", "coefficients", "observations", "residual_scale", "theta"
-    )  # fmt: skip
-
-    def __init__(self, params: CostParams, theta: Iterable[float] | None = None) -> None:
-        self._params = params
-        self.theta = list(theta if theta is not None else params.prior)
-        self.coefficients = tuple(self.theta)
-        """θ as a tuple (what predictions carry; remade after each update)."""
-        n = len(self.theta)
-        self._p = [[params.prior_strength if i == j else 0.0 for j in range(n)] for i in range(n)]
-        self._max_trace = _MAX_TRACE_FACTOR * n * params.prior_strength
-        self.residual_scale = 0.0
-        self.observations = 0
-
-    def state(self) -> dict[str, Any]:
-        """What another gateway needs to continue this model (JSON)."""
+    def terms(self) -> dict[str, float]:
+        """Each term's share of the predicted TTFT, in seconds (for /admin/match)."""
+        scale = self.speed
         return {
-            "theta": list(self.theta),
-            "p": [list(row) for row in self._p],
-            "residual_scale": self.residual_scale,
-            "observations": self.observations,
+            name: c * x * scale
+            for name, c, x in zip(FEATURES, self.coefficients, self.features(), strict=True)
         }
 
-    def adopt(self, state: Any) -> bool:
-        """Continue from another gateway's `state()`; False (nothing changed) for anything
-        malformed: a peer's answer is checked, never trusted."""
-        n = len(self.theta)
-        try:
-            theta = [float(v) for v in state["theta"]]
-            p = [[float(v) for v in row] for row in state["p"]]
-            scale = float(state["residual_scale"])
-            observations = int(state["observations"])
-        except (TypeError, KeyError, ValueError):
-            return False
-        values = [*theta, *(v for row in p for v in row), scale]
-        if (
-            len(theta) != n
-            or len(p) != n
-            or any(len(row) != n for row in p)
-            or not all(math.isfinite(v) for v in values)
-            or min(theta) < 0.0
-            or scale < 0.0
-            or observations < 0
-            or sum(p[i][i] for i in range(n)) > self._max_trace
-        ):
-            return False
-        self.theta, self._p = theta, p
-        self.coefficients = tuple(theta)
-        self.residual_scale, self.observations = scale, observations
-        return True
+    def pod_coefficients(self) -> tuple[float, ...]:
+        """θ as it applies to this pod (its speed folded in)."""
+        return _pod_coefficients(self.coefficients, self.speed)
 
-    @property
-    def covariance_trace(self) -> float:
-        """How far one answer may still move the model (the RLS covariance's trace)."""
-        return sum(self._p[i][i] for i in range(len(self._p)))
+    def with_own_tokens(self, own_tokens: float) -> float:
+        """The predicted TTFT had the request `own_tokens` uncached tokens on this pod."""
+        return self.ttft_s - self.own_prefill_s() + self.own_prefill_s(own_tokens)
 
-    def predict(self, x: tuple[float, ...]) -> float:
-        t = self.theta
-        return t[0] * x[0] + t[1] * x[1] + t[2] * x[2] + t[3] * x[3]
+    def own_prefill_s(self, own_tokens: float | None = None) -> float:
+        """The predicted time of this request's own prefill on the pod."""
+        tokens = self.own_tokens if own_tokens is None else own_tokens
+        return self.speed * self.coefficients[1] * tokens / _TOKEN_UNIT
 
-    def learn(self, x: tuple[float, ...], observed: float) -> None:
-        predicted = self.predict(x)
-        residual = observed - predicted
-        scale = self.residual_scale
-        if self.observations == 0 or scale <= 0.0:
-            # Not the first residual: that may itself be an outlier, and would set the scale.
-            scale = 0.25 * max(predicted, 1e-6)
-        bound = self._params.huber_k * scale
-        # Beyond the bound, influence falls with the residual (a stall 20× the usual TTFT
-        # hardly moves the model); a shift that lasts still gets through as the scale grows.
-        weight = 1.0 if abs(residual) <= bound else (bound / residual) ** 2
-        lam = self._params.forgetting
-        p = self._p
-        n = len(x)
-        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
-        denominator = lam / weight + sum(x[i] * px[i] for i in range(n))
-        gain = [v / denominator for v in px]
-        theta = self.theta
-        for i in range(n):
-            theta[i] = max(0.0, theta[i] + gain[i] * residual)  # more work never costs less
-        self.coefficients = tuple(theta)
-        for i in range(n):
-            gi = gain[i]
-            row = p[i]
-            for j in range(n):
-                row[j] = (row[j] - gi * px[j]) / lam
-        # Forgetting inflates the covariance along directions the traffic does not vary
-        # (windup); one unusual request would then swing the model. Keep its trace bounded.
-        trace = sum(p[i][i] for i in range(n))
-        if trace > self._max_trace:
-            shrink = self._max_trace / trace
-            for row in p:
-                for j in range(n):
-                    row[j] *= shrink
-        # The scale follows |residual| within the bound; an outlier only widens it by 5 %, so
-        # rare stalls cannot inflate it, while a lasting change widens it within ~20 answers.
-        if abs(residual) <= bound:
-            self.residual_scale = 0.95 * scale + 0.05 * abs(residual)
-        else:
-            self.residual_scale = 1.05 * scale
-        self.observations += 1
+
+def _pod_coefficients(theta: tuple[float, ...], speed: float) -> tuple[float, ...]:
+    return tuple(c if i == STEP_TERM else c * speed for i, c in enumerate(theta))
 
 
 @dataclass(slots=True)
 class _PodWork:
-    """What this gateway has outstanding on one pod."""
+    """What this gateway has outstanding on one pod, and what it has seen of its steps."""
 
-    model: TtftModel
+    speed: PodSpeed | None = None
+    """Its own speed, from its first answer on (before: the fleet's typical speed)."""
     prefill_tokens: float = 0.0
     prefilling: int = 0
+    in_step_tokens: float = 0.0
+    in_step_requests: int = 0
+    """Of `prefill_tokens` / `prefilling`: sent before the current step began (admitted in
+    it, or still waiting behind it)."""
     decoding: int = 0
     answered_at: float = -math.inf
     """When its last streamed first byte was observed."""
     seen_at: float = -math.inf
     """When this model first heard of the pod (a pod just seen is not stale: it is predicted
     with the fleet's model until it answers)."""
+    last_chunk: float = -math.inf
+    step_start: float = -math.inf
+    """When its current step began: the first chunk after a quiet spell (the end of the last)."""
+    step_lengths: list[float] = field(default_factory=list)
+    decode_step_s: float = 0.0
+    """The shortest of its recent steps: its pure decode step at about the current batch."""
     mean_tokens: float = 0.0
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
     activity: float = 0.0
@@ -259,7 +179,8 @@ class Ticket:
 
 
 class CostModel:
-    """Outstanding work and TTFT models for every pod; one per gateway, on the event loop."""
+    """Outstanding work, step timing and the TTFT model for every pod; one per gateway, on
+    the event loop."""
 
     def __init__(
         self, params: CostParams | None = None, *, clock: Callable[[], float] | None = None
@@ -268,6 +189,9 @@ class CostModel:
         self._clock = clock or time.perf_counter
         self._pods: dict[str, _PodWork] = {}
         self.fleet = TtftModel(self.params)
+        self._log_speeds = 0.0
+        """Sum of the answered pods' log-speeds (their mean is a new pod's speed)."""
+        self._answered = 0
         self._tickets = 0
 
     # -- decisions ------------------------------------------------------------------------
@@ -302,7 +226,9 @@ class CostModel:
         if now is None:
             now = self._clock()
         pods, work_for = self._pods, self._work
-        fleet_theta = self.fleet.coefficients
+        theta = self.fleet.coefficients
+        t0, t1, t2, t3, t4, t5, t6 = theta
+        typical = self.typical_speed()
         make = tuple.__new__  # Prediction(...) runs namedtuple's Python-level __new__
         predictions: list[Prediction] = []
         append = predictions.append
@@ -310,10 +236,12 @@ class CostModel:
             work = pods.get(pod) or work_for(pod)
             if work.unobserved:
                 self._expire(work, now)
-            queued = work.prefill_tokens
             prefilling = work.prefilling
-            queued_requests = float(prefilling)
+            in_step = work.in_step_tokens
+            pending = work.prefill_tokens - in_step
+            pending_requests = float(prefilling - work.in_step_requests)
             decoding = float(work.decoding)
+            busy = prefilling or work.decoding
             if scraped_at is not None:
                 at_scrape = work.at_scrape
                 if at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
@@ -328,49 +256,75 @@ class CostModel:
                         others_waiting = others
                     elif others_waiting < 0.0:
                         others_waiting = 0.0
-                    queued += others_waiting * work.mean_tokens
-                    queued_requests += others_waiting
+                    pending += others_waiting * work.mean_tokens
+                    pending_requests += others_waiting
                     decoding += others - others_waiting
+                    busy = 1
             own = prompt_tokens - cached_tokens
             if own < 0.0:
                 own = 0.0
-            model = work.model
-            theta = model.coefficients if model.observations else fleet_theta
+            speed = typical if work.speed is None else work.speed.factor
+            remaining = 0.0
+            if busy:
+                elapsed = now - work.step_start
+                if elapsed < _MAX_STEP_S:
+                    remaining = (
+                        work.decode_step_s
+                        + speed * (t1 * in_step / _TOKEN_UNIT + t0 * work.in_step_requests)
+                        - elapsed
+                    )
+                    if remaining < 0.0:
+                        remaining = 0.0
             ttft = (
-                theta[0]
-                + theta[1] * (own + queued) / _TOKEN_UNIT
-                + theta[2] * queued_requests / _SEQ_UNIT
-                + theta[3] * decoding / _SEQ_UNIT
+                speed
+                * (
+                    t0
+                    + t1 * (own + pending) / _TOKEN_UNIT
+                    + t2 * pending_requests / _SEQ_UNIT
+                    + t3 * decoding / _SEQ_UNIT
+                    + (t4 if busy else 0.0)
+                    + t6 * in_step / _TOKEN_UNIT
+                )
+                + t5 * remaining
             )
-            append(make(Prediction, (pod, ttft, own, queued, queued_requests, decoding, theta)))
+            values = (pod, ttft, own, pending, pending_requests, decoding, theta,
+                      1.0 if busy else 0.0, remaining, in_step, speed)  # fmt: skip
+            append(make(Prediction, values))
         return predictions
 
+    def typical_speed(self) -> float:
+        """The answered pods' typical speed (geometric mean): a new pod's until it answers."""
+        return math.exp(self._log_speeds / self._answered) if self._answered else 1.0
+
     def export(self) -> dict[str, Any]:
-        """The learned models, the fleet's and each answered pod's (`/admin/cost-model`),
-        for a new replica to start from (`KVGATE_BOOTSTRAP_PEER`)."""
+        """The learned model and each answered pod's speed (`/admin/cost-model`), for a new
+        replica to start from (`KVGATE_BOOTSTRAP_PEER`)."""
         return {
             "version": _EXPORT_VERSION,
             "fleet": self.fleet.state(),
-            "pods": {
-                name: work.model.state()
+            "speeds": {
+                name: {"log": work.speed.log, "observations": work.speed.observations}
                 for name, work in self._pods.items()
-                if work.model.observations
+                if work.speed is not None
             },
         }
 
     def adopt(self, exported: Any) -> int:
-        """Start from another gateway's `export()`: the fleet's model, and each pod's for
-        the pods this one has not learned yet; returns how many models were taken."""
+        """Start from another gateway's `export()`: the fleet's model (unless this one has
+        learned its own), and the speed of each pod this one has not heard from yet;
+        returns how many were taken. Anything malformed is ignored."""
         if not isinstance(exported, dict) or exported.get("version") != _EXPORT_VERSION:
             return 0
-        pods = exported.get("pods")
         taken = int(not self.fleet.observations and self.fleet.adopt(exported.get("fleet")))
-        if isinstance(pods, dict):
-            for name, state in list(pods.items())[:_MAX_PODS]:
+        speeds = exported.get("speeds")
+        if isinstance(speeds, dict):
+            for name, state in list(speeds.items())[:_MAX_PODS]:
                 if not isinstance(name, str) or not 0 < len(name) <= 512:
                     continue
-                model = self._work(name).model
-                if not model.observations and model.adopt(state):
+                speed = _speed_from(state)
+                work = self._work(name)
+                if speed is not None and work.speed is None:
+                    self._set_speed(work, speed)
                     taken += 1
         return taken
 
@@ -397,11 +351,33 @@ class CostModel:
                 self._expire(work, self._clock())
             work.at_scrape = (at, work.prefilling, work.decoding)
 
+    def pulse(self, pod: str) -> None:
+        """A chunk of `pod`'s answer (any answer) arrived now: one of its steps just ended.
+        The first chunk after a quiet spell starts the next step: every request sent before
+        it and not answered yet was admitted in it or waits behind it."""
+        work = self._pods.get(pod)
+        if work is None:
+            return
+        now = self._clock()
+        quiet = 0.25 * work.decode_step_s
+        if now - work.last_chunk > (quiet if quiet > _STEP_GAP_S else _STEP_GAP_S):
+            length = now - work.step_start
+            if length < _MAX_STEP_S:
+                lengths = work.step_lengths
+                lengths.append(length)
+                if len(lengths) > _STEP_HISTORY:
+                    del lengths[0]
+                work.decode_step_s = min(lengths)
+            work.step_start = now
+            work.in_step_tokens = work.prefill_tokens
+            work.in_step_requests = work.prefilling
+        work.last_chunk = now
+
     # -- a request's life -----------------------------------------------------------------
 
     def start(self, prediction: Prediction, *, streamed: bool, learn: bool = True) -> Ticket:
         """The request goes to `prediction.pod` now: its prefill joins that pod's queue.
-        `learn`: its observed TTFT may train the pod's model (its features were known)."""
+        `learn`: its observed TTFT may train the model (its features were known)."""
         work = self._work(prediction.pod)
         now = self._clock()
         self._tickets += 1
@@ -419,8 +395,7 @@ class CostModel:
     def start_remote(self, pod: str, own_tokens: float) -> Ticket:
         """Another replica sent a request with `own_tokens` uncached tokens to `pod`: its
         prefill queues there like ours (until that replica reports its first byte)."""
-        coefficients = self.coefficients(pod)
-        prediction = Prediction(pod, 0.0, own_tokens, 0.0, 0.0, 0.0, coefficients)
+        prediction = Prediction(pod, 0.0, own_tokens, 0.0, 0.0, 0.0, self.fleet.coefficients)
         ticket = self.start(prediction, streamed=True, learn=False)
         ticket.remote = True
         return ticket
@@ -443,14 +418,22 @@ class CostModel:
             return None
         if work is not None:
             work.answered_at = now
-        if ticket.learn:
-            x = ticket.prediction.features()
+        if ticket.learn and observed > 0.0:
+            prediction = ticket.prediction
+            x = prediction.features()
+            speed = prediction.speed
             if work is not None:
-                if not work.model.observations:
-                    work.model.theta = list(self.fleet.theta)
-                    work.model.coefficients = self.fleet.coefficients
-                work.model.learn(x, observed)
-            self.fleet.learn(x, observed)
+                if work.speed is None:
+                    self._set_speed(work, PodSpeed(math.log(speed)))
+                assert work.speed is not None
+                before = work.speed.log
+                # The step's remainder is the pod's own measure: not the fleet's to scale.
+                scaled = self.fleet.predict(x) - x[STEP_TERM] * self.fleet.theta[STEP_TERM]
+                fixed = x[STEP_TERM] * speed * self.fleet.theta[STEP_TERM]
+                if observed > fixed:
+                    work.speed.learn(observed - fixed, scaled, self.params)
+                self._log_speeds += work.speed.log - before
+            self.fleet.learn(x, observed / speed)
         return observed
 
     def finish(self, ticket: Ticket) -> None:
@@ -468,7 +451,7 @@ class CostModel:
         """Drop pods that are gone (called with the registry's pods)."""
         keep = set(live)
         for name in [name for name in self._pods if name not in keep]:
-            del self._pods[name]
+            self._drop(name)
 
     def stale(self, pod: str) -> bool:
         """Idle and without an answer for a while: the picker may have stopped choosing it
@@ -489,14 +472,20 @@ class CostModel:
             return 0.0
         return work.activity * math.exp(-(now - work.activity_at) / self.params.activity_window_s)
 
-    def model(self, pod: str) -> TtftModel:
-        return self._work(pod).model
+    def speed(self, pod: str) -> float:
+        """How much slower (> 1) or faster (< 1) than the fleet's model the pod runs."""
+        work = self._pods.get(pod)
+        return self.typical_speed() if work is None or work.speed is None else work.speed.factor
+
+    def answers(self, pod: str) -> int:
+        """Answers the pod's speed was learned from."""
+        work = self._pods.get(pod)
+        return 0 if work is None or work.speed is None else work.speed.observations
 
     def coefficients(self, pod: str) -> tuple[float, ...]:
-        """The pod's learned coefficients (the fleet's for a pod not routed to yet)."""
-        work = self._pods.get(pod)
-        answered = work is not None and work.model.observations
-        return (work.model if answered and work is not None else self.fleet).coefficients
+        """θ as it applies to `pod` (its speed folded in; the fleet's typical speed for a
+        pod not answered yet)."""
+        return _pod_coefficients(self.fleet.coefficients, self.speed(pod))
 
     def outstanding(self, pod: str) -> tuple[float, int, int]:
         """(queued prefill tokens, requests prefilling, requests decoding) of ours on `pod`."""
@@ -507,23 +496,46 @@ class CostModel:
             self._expire(work, self._clock())
         return (work.prefill_tokens, work.prefilling, work.decoding)
 
+    def step(self, pod: str) -> tuple[float, float]:
+        """(when its current step began, its pure decode step in s) as seen from its chunks."""
+        work = self._pods.get(pod)
+        return (-math.inf, 0.0) if work is None else (work.step_start, work.decode_step_s)
+
     def _work(self, pod: str) -> _PodWork:
         work = self._pods.get(pod)
         if work is None:
             if len(self._pods) >= _MAX_PODS:  # pods come and go: stay bounded
-                self._pods.clear()
-            work = self._pods[pod] = _PodWork(
-                TtftModel(self.params, self.fleet.theta), seen_at=self._clock()
-            )
+                for name in list(self._pods):
+                    self._drop(name)
+            work = self._pods[pod] = _PodWork(seen_at=self._clock())
         return work
+
+    def _set_speed(self, work: _PodWork, speed: PodSpeed) -> None:
+        if work.speed is None:
+            self._answered += 1
+        else:
+            self._log_speeds -= work.speed.log
+        work.speed = speed
+        self._log_speeds += speed.log
+
+    def _drop(self, name: str) -> None:
+        work = self._pods.pop(name)
+        if work.speed is not None:
+            self._log_speeds -= work.speed.log
+            self._answered -= 1
 
     def _leave_prefill(self, ticket: Ticket, work: _PodWork | None) -> None:
         if work is None:
             return
-        work.prefill_tokens = max(0.0, work.prefill_tokens - ticket.prediction.own_tokens)
+        own = ticket.prediction.own_tokens
+        work.prefill_tokens = max(0.0, work.prefill_tokens - own)
         work.prefilling = max(0, work.prefilling - 1)
+        if ticket.started < work.step_start:
+            work.in_step_tokens = max(0.0, work.in_step_tokens - own)
+            work.in_step_requests = max(0, work.in_step_requests - 1)
         if work.prefilling == 0:
             work.prefill_tokens = 0.0  # no float drift when the queue drains
+            work.in_step_tokens, work.in_step_requests = 0.0, 0
 
     def _expire(self, work: _PodWork, now: float) -> None:
         heap = work.unobserved
@@ -533,3 +545,17 @@ class CostModel:
                 self._leave_prefill(ticket, work)
                 ticket.phase = "decode"
                 work.decoding += 1
+
+
+def _speed_from(state: Any) -> PodSpeed | None:
+    """A peer's exported pod speed, checked."""
+    if not isinstance(state, dict):
+        return None
+    try:
+        log = float(state["log"])
+        observations = int(state["observations"])
+    except (TypeError, KeyError, ValueError):
+        return None
+    if not math.isfinite(log) or abs(log) > 10.0 or observations < 1:
+        return None
+    return PodSpeed(log, observations)

@@ -11,6 +11,7 @@ from gateway.discovery import Pod
 from gateway.errors import SloUnreachable
 from gateway.registry import PodState
 from gateway.routing import (
+    FEATURES,
     CostModel,
     MinPredictedTtftPicker,
     RoutingRequest,
@@ -77,28 +78,39 @@ def test_a_new_replica_continues_from_a_peers_models_and_refuses_bad_ones() -> N
         serve(learned, clock, "fast", tokens, 0.004 + 0.02 * tokens / 1000)
         serve(learned, clock, "slow", tokens, 0.004 + 0.08 * tokens / 1000)
     exported = learned.export()
-    assert set(exported["pods"]) == {"fast", "slow"}
+    assert set(exported["speeds"]) == {"fast", "slow"}
+    assert learned.speed("slow") > 2 * learned.speed("fast")
 
     fresh = CostModel(clock=clock)
-    assert fresh.adopt(exported) == 3  # the fleet's model and both pods'
+    assert fresh.adopt(exported) == 3  # the fleet's model and both pods' speeds
     for name in ("fast", "slow", "never-answered"):
         assert fresh.predict(name, 2000, 0.0).ttft_s == learned.predict(name, 2000, 0.0).ttft_s
     assert fresh.adopt(exported) == 0  # what it has learned (or taken) is not overwritten
 
+    n = len(FEATURES)
+
     def corrupt(**changes: object) -> dict[str, object]:
-        state = {**exported["fleet"], **changes}
-        return {**exported, "fleet": state, "pods": {"p": state}}
+        return {**exported, "fleet": {**exported["fleet"], **changes}, "speeds": {}}
+
+    def bad_speed(state: object) -> dict[str, object]:
+        return {**exported, "fleet": None, "speeds": {"p": state}}
 
     for bad in (
         corrupt(theta=[1.0, 2.0]),  # the wrong size
-        corrupt(theta=[0.1, float("nan"), 0.0, 0.0]),
-        corrupt(theta=[0.1, -1.0, 0.0, 0.0]),
-        corrupt(p=[[1e12] * 4] * 4),  # a covariance no model of ours can reach
+        corrupt(theta=[0.1, float("nan")] + [0.0] * (n - 2)),
+        corrupt(theta=[0.1, -1.0] + [0.0] * (n - 2)),
+        corrupt(p=[[1e12] * n] * n),  # a covariance no model of ours can reach
         corrupt(observations="many"),
+        corrupt(reference=-1.0),
+        bad_speed({"log": "fast", "observations": 3}),
+        bad_speed({"log": 1e9, "observations": 3}),
+        bad_speed({"log": 0.1, "observations": 0}),  # a speed nothing was learned from
+        bad_speed([0.1, 3]),
+        {**exported, "version": 1},  # a full model per pod: the earlier format
         {**exported, "version": 99},
         "not a model",
     ):
-        assert CostModel(clock=clock).adopt(bad) == 0
+        assert CostModel(clock=clock).adopt(bad) == 0, bad
 
 
 def test_a_new_pod_starts_from_the_fleets_model() -> None:
@@ -115,7 +127,7 @@ def test_coefficients_never_go_negative() -> None:
     cost = CostModel(clock=clock)
     for tokens in (4000, 10, 3000, 20, 5000):  # bigger prompts answered faster: noise
         serve(cost, clock, "p", tokens, 0.5 if tokens < 100 else 0.001)
-    assert all(c >= 0.0 for c in cost.model("p").theta)
+    assert all(c >= 0.0 for c in cost.fleet.theta)
 
 
 def test_queued_work_is_added_at_decision_and_leaves_at_first_byte() -> None:
@@ -143,7 +155,7 @@ def test_unstreamed_prefill_is_taken_as_done_at_its_predicted_time() -> None:
     assert cost.first_byte(ticket) is None  # its first byte is its last: not a TTFT
     cost.finish(ticket)
     assert cost.outstanding("p") == (0.0, 0, 0)
-    assert cost.model("p").observations == 0
+    assert cost.fleet.observations == 0 and cost.answers("p") == 0
 
 
 def test_other_replicas_queue_comes_from_the_scrape() -> None:
@@ -235,12 +247,12 @@ def test_a_long_quiet_spell_does_not_wind_the_model_up() -> None:
     unusual request would then swing the model."""
     clock = Clock()
     cost = CostModel(clock=clock)
-    start = cost.model("p").covariance_trace
+    start = cost.fleet.covariance_trace
     rng = random.Random(3)
     for _ in range(3000):
         tokens = rng.randrange(500, 600)
         serve(cost, clock, "p", tokens, 0.004 + 0.02 * tokens / 1000)
-    assert cost.model("p").covariance_trace <= 10 * start + 1e-9
+    assert cost.fleet.covariance_trace <= 10 * start + 1e-9
 
 
 def test_an_untokenized_request_does_not_train_the_model() -> None:
@@ -250,7 +262,8 @@ def test_an_untokenized_request_does_not_train_the_model() -> None:
     clock.now += 0.5
     assert cost.first_byte(ticket) == pytest.approx(0.5)  # still observed (SLO counters)
     cost.finish(ticket)
-    assert cost.model("p").observations == 0 and cost.outstanding("p") == (0.0, 0, 0)
+    assert cost.fleet.observations == 0 and cost.answers("p") == 0
+    assert cost.outstanding("p") == (0.0, 0, 0)
 
 
 def test_a_stale_pod_is_probed_now_and_then_and_a_busy_one_never() -> None:
@@ -341,3 +354,56 @@ def test_a_pod_just_seen_is_not_stale_until_it_stays_unanswered() -> None:
     assert not cost.stale("new")
     clock.now += 11.0  # idle and unanswered since it was seen
     assert cost.stale("new")
+
+
+def test_the_current_step_is_timed_from_the_relayed_chunks() -> None:
+    """Chunks leave an engine at the end of its steps: the first after a quiet spell starts
+    the next one. A request decided mid-step waits out the rest of it; one sent before the
+    step began is in it (admitted, or waiting behind it), one sent after waits for the next."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    running = cost.start(cost.predict("p", 500, 0.0), streamed=True)
+    for _ in range(6):  # a decode step of 30 ms, each ending in a burst of chunks
+        clock.now += 0.0295
+        cost.pulse("p")
+        clock.now += 0.0005
+        cost.pulse("p")  # same burst: no new step
+    cost.first_byte(running)
+    assert cost.step("p") == (pytest.approx(clock.now - 0.0005), pytest.approx(0.030))
+
+    clock.now += 0.0095  # 10 ms into a step that only decodes
+    mid_step = cost.predict("p", 1000, 0.0)
+    assert mid_step.busy == 1.0
+    assert mid_step.step_remaining_s == pytest.approx(0.020, abs=1e-6)
+    assert mid_step.queued_tokens == 0.0 and mid_step.in_step_tokens == 0.0
+
+    early = cost.start(cost.predict("p", 800, 0.0), streamed=True)  # waits for the next step
+    assert cost.predict("p", 100, 0.0).queued_tokens == 800.0
+    clock.now += 0.020
+    cost.pulse("p")  # the step ends: `early` is admitted in the one that begins now
+    seen = cost.predict("p", 100, 0.0)
+    assert seen.in_step_tokens == 800.0 and seen.queued_tokens == 0.0
+    speed, theta = seen.speed, seen.coefficients
+    in_step = speed * (theta[1] * 800 / 1000 + theta[0])  # its prefill, at the model's rates
+    assert seen.step_remaining_s == pytest.approx(0.030 + in_step)
+    cost.first_byte(early)
+    assert cost.predict("p", 100, 0.0).in_step_tokens == 0.0
+    cost.finish(early)
+    cost.finish(running)
+    clock.now += 1.0
+    idle = cost.predict("p", 100, 0.0)
+    assert idle.busy == 0.0 and idle.step_remaining_s == 0.0  # an idle engine starts at once
+
+
+def test_each_pod_learns_its_speed_and_a_new_pod_starts_at_the_typical_one() -> None:
+    clock = Clock()
+    cost = _trained_fleet(clock, {"fast": 1.0, "slow": 2.0, "slower": 4.0})
+    fast, slow, slower = (cost.speed(name) for name in ("fast", "slow", "slower"))
+    assert slow / fast == pytest.approx(2.0, rel=0.15)
+    assert slower / fast == pytest.approx(4.0, rel=0.15)
+    assert cost.speed("new") == pytest.approx((fast * slow * slower) ** (1 / 3))
+    for name, slowdown in (("fast", 1.0), ("slower", 4.0)):
+        truth = slowdown * (0.005 + 0.03 * 2000 / 1000)
+        assert cost.predict(name, 2000, 0.0).ttft_s == pytest.approx(truth, rel=0.15)
+    cost.forget(["fast", "slow"])  # "slower" is gone: it no longer sets the typical speed
+    assert cost.speed("new") == pytest.approx((fast * slow) ** 0.5)

@@ -7,6 +7,7 @@ from collections import Counter
 
 import httpx
 
+from gateway.routing import FEATURES
 from simulator import LatencyModel
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
@@ -51,7 +52,10 @@ async def test_streamed_answers_carry_the_prediction_and_train_the_model(
             assert predicted > 0
         page = (await client.get("/metrics")).text
     cost = gw.state.router.cost
-    assert sum(cost.model(name).observations for name in ("e0", "e1")) == 12
+    assert sum(cost.answers(name) for name in ("e0", "e1")) == 12
+    assert cost.fleet.observations == 12
+    # every relayed chunk marked the end of an engine step: the steps were timed
+    assert all(cost.step(name)[0] > 0 for name in ("e0", "e1") if cost.answers(name))
     assert cost.outstanding("e0") == (0.0, 0, 0) and cost.outstanding("e1") == (0.0, 0, 0)
     observed = sum(
         metric(page, "kvgate_ttft_prediction_error_seconds_count", pod=name)
@@ -122,9 +126,8 @@ async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGatewa
             assert pod["predicted_ttft_ms"] > 0
             prediction = pod["prediction"]
             assert prediction["own_uncached_tokens"] > 0
-            assert set(prediction["terms_ms"]) == {
-                "base", "prefill_tokens", "queued_requests", "decoding"
-            }  # fmt: skip
+            assert set(prediction["terms_ms"]) == set(FEATURES)
+            assert prediction["speed"] > 0 and prediction["step_remaining_ms"] >= 0
             total = sum(prediction["terms_ms"].values())
             assert abs(total - pod["predicted_ttft_ms"]) < 1e-6
 

@@ -1,0 +1,205 @@
+"""The fleet's TTFT model: one linear shape learned from every pod's answers, fitted by
+robust weighted least squares in relative terms, and each pod's speed factor.
+
+Why one shape and a speed per pod: with a full model per pod, seven coefficients are
+learned from a pod's own few hundred answers, and they wander (on a mixed fleet the
+replayed p90 error reached 81–130 %, `docs/benchmarks.md`); every pod's answers teach
+the same physics (a prefill step, a decode batch, a queue), so the shape is learned from
+all of them and each pod keeps one number, how much slower or faster it runs than the
+fleet. That number still makes a mixed pool (older GPUs, other engine settings) a pool of
+pods modelled one by one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+FEATURES = (
+    "base",
+    "prefill_tokens",
+    "queued_requests",
+    "decoding",
+    "busy",
+    "step_remaining",
+    "in_step_tokens",
+)
+"""Names of the model's terms, in coefficient order (for /admin/match, metrics, docs)."""
+STEP_TERM = FEATURES.index("step_remaining")
+"""The one term a pod's speed does not scale: it is measured on the pod itself."""
+
+# Prior, in seconds per feature unit (SIM-CALIBRATION: Qwen3-14B-FP8 on one GPU): 20 ms
+# overhead, 111 µs per prompt token to prefill, 20 ms per ten queued requests, 5 ms per ten
+# decoding sequences, 25 ms for the decode step a busy engine runs with every prefill, the
+# current step's remaining time as it is, in-step tokens at half their prefill cost.
+DEFAULT_PRIOR = (0.020, 0.111, 0.020, 0.005, 0.025, 1.0, 0.05)
+_MAX_TRACE_FACTOR = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class CostParams:
+    forgetting: float = 0.995
+    """Weight of the past per observation (≈ the last 200 observations count)."""
+    prior_strength: float = 4.0
+    """Initial covariance scale of the model: larger lets it leave the prior faster."""
+    huber_k: float = 3.0
+    """Residuals beyond k × the running residual scale are down-weighted."""
+    cpu_load_fraction: float = 0.05
+    """A CPU-tier block costs this share of a block's prefill to load back."""
+    storage_load_fraction: float = 0.2
+    prior: tuple[float, ...] = DEFAULT_PRIOR
+    activity_window_s: float = 10.0
+    """Time constant of each pod's decayed count of requests routed to it (its activity)."""
+    speed_rate: float = 0.05
+    """How far one answer moves a pod's speed toward what it showed, once it has a few."""
+    max_speed_step: float = 0.5
+    """Bound on one answer's pull on a pod's log-speed (a stall moves it little)."""
+
+
+class TtftModel:
+    """The fleet's linear TTFT shape, fitted by weighted recursive least squares.
+
+    Each answer is weighted by the inverse of its TTFT (relative to the running typical
+    TTFT): what is scored is the error relative to the observed TTFT, and without the
+    weighting the few slow answers of a queue would decide the fit of every short one."""
+
+    __slots__ = (
+        "_max_trace", "_p", "_params", "coefficients", "observations", "reference",
+        "residual_scale", "theta",
+    )  # fmt: skip
+
+    def __init__(self, params: CostParams, theta: Iterable[float] | None = None) -> None:
+        self._params = params
+        self.theta = list(theta if theta is not None else params.prior)
+        self.coefficients = tuple(self.theta)
+        """θ as a tuple (what predictions carry; remade after each update)."""
+        n = len(self.theta)
+        self._p = [[params.prior_strength if i == j else 0.0 for j in range(n)] for i in range(n)]
+        self._max_trace = _MAX_TRACE_FACTOR * n * params.prior_strength
+        self.residual_scale = 0.0
+        self.reference = 0.0
+        """Running typical TTFT (s): answers are weighted by reference / their TTFT."""
+        self.observations = 0
+
+    def state(self) -> dict[str, Any]:
+        """What another gateway needs to continue this model (JSON)."""
+        return {
+            "theta": list(self.theta),
+            "p": [list(row) for row in self._p],
+            "residual_scale": self.residual_scale,
+            "reference": self.reference,
+            "observations": self.observations,
+        }
+
+    def adopt(self, state: Any) -> bool:
+        """Continue from another gateway's `state()`; False (nothing changed) for anything
+        malformed: a peer's answer is checked, never trusted."""
+        n = len(self.theta)
+        try:
+            theta = [float(v) for v in state["theta"]]
+            p = [[float(v) for v in row] for row in state["p"]]
+            scale = float(state["residual_scale"])
+            reference = float(state["reference"])
+            observations = int(state["observations"])
+        except (TypeError, KeyError, ValueError):
+            return False
+        values = [*theta, *(v for row in p for v in row), scale, reference]
+        if (
+            len(theta) != n
+            or len(p) != n
+            or any(len(row) != n for row in p)
+            or not all(math.isfinite(v) for v in values)
+            or min(theta) < 0.0
+            or scale < 0.0
+            or reference < 0.0
+            or observations < 0
+            or sum(p[i][i] for i in range(n)) > self._max_trace
+        ):
+            return False
+        self.theta, self._p = theta, p
+        self.coefficients = tuple(theta)
+        self.residual_scale, self.reference, self.observations = scale, reference, observations
+        return True
+
+    @property
+    def covariance_trace(self) -> float:
+        """How far one answer may still move the model (the RLS covariance's trace)."""
+        return sum(self._p[i][i] for i in range(len(self._p)))
+
+    def predict(self, x: tuple[float, ...]) -> float:
+        return sum(c * v for c, v in zip(self.theta, x, strict=True))
+
+    def learn(self, x: tuple[float, ...], observed: float) -> None:
+        if observed <= 0.0:
+            return
+        self.reference = observed if self.reference <= 0.0 else (
+            0.98 * self.reference + 0.02 * observed
+        )  # fmt: skip
+        relative = self.reference / observed
+        x = tuple(v * relative for v in x)
+        observed *= relative
+        predicted = self.predict(x)
+        residual = observed - predicted
+        scale = self.residual_scale
+        if self.observations == 0 or scale <= 0.0:
+            # Not the first residual: that may itself be an outlier, and would set the scale.
+            scale = 0.25 * max(predicted, 1e-6)
+        bound = self._params.huber_k * scale
+        # Beyond the bound, influence falls with the residual (a stall 20× the usual TTFT
+        # hardly moves the model); a shift that lasts still gets through as the scale grows.
+        weight = 1.0 if abs(residual) <= bound else (bound / residual) ** 2
+        lam = self._params.forgetting
+        p = self._p
+        n = len(x)
+        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
+        denominator = lam / weight + sum(x[i] * px[i] for i in range(n))
+        gain = [v / denominator for v in px]
+        theta = self.theta
+        for i in range(n):
+            theta[i] = max(0.0, theta[i] + gain[i] * residual)  # more work never costs less
+        self.coefficients = tuple(theta)
+        for i in range(n):
+            gi = gain[i]
+            row = p[i]
+            for j in range(n):
+                row[j] = (row[j] - gi * px[j]) / lam
+        # Forgetting inflates the covariance along directions the traffic does not vary
+        # (windup); one unusual request would then swing the model. Keep its trace bounded.
+        trace = sum(p[i][i] for i in range(n))
+        if trace > self._max_trace:
+            shrink = self._max_trace / trace
+            for row in p:
+                for j in range(n):
+                    row[j] *= shrink
+        # The scale follows |residual| within the bound; an outlier only widens it by 5 %, so
+        # rare stalls cannot inflate it, while a lasting change widens it within ~20 answers.
+        if abs(residual) <= bound:
+            self.residual_scale = 0.95 * scale + 0.05 * abs(residual)
+        else:
+            self.residual_scale = 1.05 * scale
+        self.observations += 1
+
+
+class PodSpeed:
+    """How much slower (> 1) or faster (< 1) one pod runs than the fleet's model says,
+    learned in log space from its own answers: the first few move it in full (a new pod is
+    placed within a handful of answers), later ones by `speed_rate`, each bounded so that a
+    stalled request hardly moves it."""
+
+    __slots__ = ("factor", "log", "observations")
+
+    def __init__(self, log: float = 0.0, observations: int = 0) -> None:
+        self.log = log
+        self.factor = math.exp(log)
+        self.observations = observations
+
+    def learn(self, observed: float, fleet_predicted: float, params: CostParams) -> None:
+        if observed <= 0.0 or fleet_predicted <= 0.0:
+            return
+        bound = params.max_speed_step
+        pull = min(bound, max(-bound, math.log(observed / fleet_predicted) - self.log))
+        self.observations += 1
+        self.log += pull * max(params.speed_rate, 1.0 / self.observations)
+        self.factor = math.exp(self.log)
