@@ -29,7 +29,7 @@ from typing import Any
 
 import msgpack
 
-from bench.results_io import RESULTS_DIR, print_table, write_json
+from bench.results_io import add_output_arguments, print_table, write_json
 from subscriber import (
     BlockStored,
     DecodeError,
@@ -273,13 +273,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seconds", type=float, default=2.0, help="time spent per throughput measurement"
     )
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / "decoder_fuzz.json",
-        metavar="PATH",
-        help="where to write the JSON results (default bench/results/decoder_fuzz.json)",
-    )
+    add_output_arguments(parser, "decoder_fuzz", plot=False)
 
 
 def run(args: argparse.Namespace) -> int:

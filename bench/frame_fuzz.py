@@ -41,14 +41,13 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from bench import decoder_fuzz
-from bench.results_io import RESULTS_DIR, print_table, write_json
+from bench.results_io import add_output_arguments, print_table, write_json
 from indexer import IndexConfig, SyncPrefixHashTable, Tier
 from subscriber import (
     AllBlocksCleared,
@@ -357,13 +356,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--buffer", type=int, default=10_000, help="engine replay buffer, batches (10000)"
     )
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / "frame_fuzz.json",
-        metavar="PATH",
-        help="where to write the JSON results (default bench/results/frame_fuzz.json)",
-    )
+    add_output_arguments(parser, "frame_fuzz", plot=False)
 
 
 def run(args: argparse.Namespace) -> int:
