@@ -1,16 +1,10 @@
-"""KV event decoder: fuzzing (only `DecodeError` may escape) and decode throughput.
+"""KV event decoder (`kvgate bench decoder`): fuzzing (only `DecodeError` may escape) and
+decode throughput (docs/benchmarks.md).
 
-Run as ``python -m bench.decoder_fuzz [--cases N] [--seed S] [--json PATH]``.
-
-Fuzz cases are drawn from the golden vLLM capture: byte-level mutations of its payloads
-(bit flips, byte overwrites, truncation, extension, deletion, splices of two payloads,
-inserted msgpack markers), structural mutations (the decoded batch with one node replaced,
-dropped or duplicated, re-packed), random bytes, and random multipart frames for the
-frame helpers. A case *crashes* when anything but `DecodeError` escapes, or when an
-accepted payload breaks an invariant (token count, re-encoding round trip).
-
-Figures (JSON keys): cases, crashes, accepted, rejected_by_reason, fuzz_cases_per_s,
-decode_batches_per_s, decode_events_per_s, decode_mb_per_s, unpackb_batches_per_s.
+Fuzz cases are mutations of the golden vLLM capture's payloads (`MUTATORS`: byte-level,
+structural, random bytes, random multipart frames). A case *crashes* when anything but
+`DecodeError` escapes, or when an accepted payload breaks an invariant (token count,
+re-encoding round trip).
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
-"""Live KV event fuzzing: mutated and random frames through the real subscriber path.
+"""Live KV event fuzzing (`kvgate bench fuzz`): mutated and random frames through the real
+subscriber path. Set-up, guarantees and figures: docs/reliability.md.
 
-Run as ``kvgate bench fuzz [--frames N] [--pods P] [--seed S]``.
-
-Per pod, a fake engine (a real ZMQ PUB socket and replay ROUTER on loopback, keeping the
-last `--buffer` valid batches as vLLM does) publishes a stream in which valid batches
-(the golden vLLM 0.32 capture, then a model engine's stores, removals and occasional
-resets, encoded as vLLM does) are mixed with fuzz frames: the decoder fuzzer's mutations
-of valid payloads, random bytes and malformed multipart messages. A `SubscriberManager`
-feeding a `SyncPrefixHashTable` through `IndexSink` — the gateway's own path — subscribes.
-
-Fuzz frames carry a seq drawn from: the seq the next valid batch will carry ("next"), a
-seq already applied ("stale"), or a random 64-bit one ("random"). What must happen:
-
-- a frame that cannot be decoded is rejected and counted (per pod, per reason) whatever
-  its seq, and changes nothing;
-- a decodable frame with a stale or random seq is settled by a replay check (the engine's
-  buffer says it never sent it) and ignored;
-- a decodable frame with the next seq is indistinguishable from the engine's batch: it is
-  applied, and repaired when the engine's real batch with that seq arrives (different
-  digest → rebuild from the replay buffer). The stream resets the engine's cache (an
-  AllBlocksCleared) more often than the buffer wraps, so a rebuild is always exact.
-
-At the end, each pod's index must equal the index built from the valid batches alone, and
-the rejection counters must equal the number of undecodable frames sent, per reason.
-Frames are sent in chunks, each ending with a valid batch the subscriber is awaited on, so
-no frame is lost to a ZMQ high-water mark (a lost frame would make the counts unverifiable).
-
-Figures (JSON keys): frames_per_pod, crashes, index_equal, rejected_by_reason,
-rejected_expected, fuzz_by_outcome, restarts_detected, replays, seconds, frames_per_s.
+Per pod a `FakeEngine` (ZMQ PUB + replay ROUTER) mixes valid batches with fuzz frames
+(`decoder_fuzz.MUTATORS`) whose seq is the next one, a stale one or a random one; a
+`SubscriberManager` feeding a `SyncPrefixHashTable` through `IndexSink` subscribes. At the
+end each pod's index must equal the one built from the valid batches alone, and the
+rejection counters the undecodable frames sent, per reason. The stream resets the
+engine's cache more often than the buffer wraps, so a rebuild after an impostor batch is
+always exact; frames go out in chunks ending with a valid batch that is awaited, so none
+is lost to a high-water mark (the counts would be unverifiable).
 """
 
 from __future__ import annotations
