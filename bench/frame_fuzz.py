@@ -28,6 +28,7 @@ import zmq
 import zmq.asyncio
 
 from bench import decoder_fuzz
+from bench.harness.readiness import subscriber_live, until
 from bench.results_io import add_output_arguments, print_table, write_json
 from indexer import IndexConfig, SyncPrefixHashTable, Tier
 from subscriber import (
@@ -210,7 +211,8 @@ async def fuzz_pod(
     try:
         if subscribe:
             await manager.upsert(PodEndpoint(name, MODEL, engine.events, engine.replay))
-        await _until(lambda: _live(manager, name), what=f"{name} live and connected")
+        live = functools.partial(subscriber_live, manager, name)
+        await until(live, f"{name} live and connected", 60.0, 0.002)
         pending_golden = list(golden)
         sent_in_chunk = 0
         while outcome.frames < frames:
@@ -237,12 +239,9 @@ async def fuzz_pod(
             sent_in_chunk += 1
             if last_chunk_frame:
                 sent_in_chunk = 0
-                await _until(
-                    functools.partial(
-                        _caught_up, manager, name, last_valid, outcome.expected_rejects.total()
-                    ),
-                    what=f"{name} caught up with seq {last_valid}",
-                )
+                rejects = outcome.expected_rejects.total()
+                caught_up = functools.partial(_caught_up, manager, name, last_valid, rejects)
+                await until(caught_up, f"{name} caught up with seq {last_valid}", 60.0, 0.002)
         status = manager.status(name)
         assert status is not None
         outcome.rejected = {r: n for (p, r), n in manager.rejects.snapshot().items() if p == name}
@@ -257,24 +256,11 @@ async def fuzz_pod(
     return outcome
 
 
-def _live(manager: SubscriberManager, name: str) -> bool:
-    status = manager.status(name)
-    return status is not None and status.phase is Phase.LIVE and status.connected
-
-
 def _caught_up(manager: SubscriberManager, name: str, seq: int, rejects: int) -> bool:
     status = manager.status(name)
     if status is None or status.phase is Phase.BACKOFF:
         raise RuntimeError(f"the subscriber of {name} stopped (phase {status and status.phase})")
     return status.last_seq == seq and status.frames_rejected >= rejects
-
-
-async def _until(check: Any, *, what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {within} s")
-        await asyncio.sleep(0.002)
 
 
 async def run_live_fuzz(

@@ -28,17 +28,11 @@ from typing import Any
 
 import httpx
 
-from bench.harness import (
-    EngineEndpoint,
-    SimOptions,
-    SimProcess,
-    eventually,
-    post_chat,
-    serve_in_process,
-    wait_http,
-    write_pods_file,
-)
 from bench.harness.engine_stats import cache_capacity_tokens
+from bench.harness.fleet import EngineEndpoint, SimOptions, SimProcess, write_pods_file
+from bench.harness.gateway import serve_in_process
+from bench.harness.readiness import eventually, wait_http
+from bench.harness.streaming import post_chat
 from bench.results_io import RESULTS_DIR, figure, write_json
 from bench.workloads.pin_depth import (
     FloodTraffic,

@@ -25,7 +25,7 @@ from bench.chaos.faults import fault_plan
 from bench.chaos.harness import Harness, running_harness
 from bench.chaos.loadgen import LoadGenerator, TrafficShape
 from bench.chaos.sampler import Sample, slope_per_minute
-from bench.harness import SimOptions
+from bench.harness.fleet import SimOptions
 from bench.results_io import (
     add_output_arguments,
     figure,

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness import EngineEndpoint
+from bench.harness.fleet import EngineEndpoint
 
 _TIERS = ("GPU", "CPU", "STORAGE")
 # Degraded states no amount of waiting repairs (the index holds only what it saw).

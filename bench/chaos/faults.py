@@ -21,7 +21,8 @@ from typing import Any
 
 import httpx
 
-from bench.harness import GatewayProcess, SimProcess
+from bench.harness.fleet import SimProcess
+from bench.harness.gateway import GatewayProcess
 
 KINDS = (
     "drop_batches",

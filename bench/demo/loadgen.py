@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.harness import RequestRecord, post_chat
+from bench.harness.records import RequestRecord
+from bench.harness.streaming import post_chat
 from bench.workloads import ChatWorkload, Session
 
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import httpx
 
-from bench.harness import MODEL, ChatAnswer, EngineCounters, post_chat
-from bench.harness.engine_stats import parse_counters
+from bench.harness.engine_stats import EngineCounters, parse_counters
+from bench.harness.fleet import MODEL
+from bench.harness.streaming import ChatAnswer, post_chat
 from bench.overhead.fleet import Fleet
 from bench.results_io import percentile
 

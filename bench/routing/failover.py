@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from bench.harness import RequestRecord, eventually, wait_http
+from bench.harness.readiness import eventually, wait_http
+from bench.harness.records import RequestRecord
 from bench.results_io import percentile
 from bench.routing.routers import RouterProcess
 

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.harness import SimOptions, SimProcess
+from bench.harness.fleet import SimOptions, SimProcess
 from bench.routing.script import Script
 from simulator.latency import LatencyModel
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from bench.harness import RequestRecord, post_chat
+from bench.harness.records import RequestRecord
+from bench.harness.streaming import post_chat
 from bench.routing.script import Conversation, Script, schedule
 from bench.routing.workloads import WorkloadSize, build
 

@@ -24,14 +24,11 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import (
-    AdminClient,
-    ChildProcess,
-    EngineEndpoint,
-    free_port_block,
-    serve_command,
-    wait_http,
-)
+from bench.harness.fleet import EngineEndpoint
+from bench.harness.gateway import AdminClient, serve_command
+from bench.harness.ports import free_port_block
+from bench.harness.processes import ChildProcess
+from bench.harness.readiness import wait_http
 
 KVGATE_POLICIES = (
     "prefix-cache", "least-request", "round-robin", "random", "prefix-share", "predicted-latency"

@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq.asyncio
 
-from bench.harness import ChildProcess
+from bench.harness.processes import ChildProcess
 from bench.subscriber_load.workload import MODEL, TOPIC, PublisherSpec, Workload
 from simulator.publisher import EventPublisher
 from subscriber import PodEndpoint
