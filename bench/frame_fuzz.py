@@ -21,7 +21,7 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import zmq
@@ -141,17 +141,19 @@ class FakeEngine:
 
 @dataclass
 class PodOutcome:
+    """Its fields but `truth` are the pod's JSON figures, in their order."""
+
     pod: str
     frames: int = 0
     valid: int = 0
-    expected_rejects: Counter[str] = field(default_factory=Counter)
-    fuzz_by_outcome: Counter[str] = field(default_factory=Counter)
-    rejected: dict[str, int] = field(default_factory=dict)
+    crashed: str | None = None
     index_equal: bool = False
     index_blocks: int = 0
-    restarts: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    rejected_expected: Counter[str] = field(default_factory=Counter)
+    fuzz_by_outcome: Counter[str] = field(default_factory=Counter)
+    restarts_detected: int = 0
     replays: int = 0
-    crashed: str | None = None
     truth: dict[Tier, set[Any]] = field(default_factory=dict)
     """What the valid batches alone say the pod holds, per tier."""
 
@@ -232,20 +234,22 @@ async def fuzz_pod(
                 if reason is None:
                     outcome.fuzz_by_outcome[f"decodable_{seq_class}"] += 1
                 else:
-                    outcome.expected_rejects[reason] += 1
+                    outcome.rejected_expected[reason] += 1
                     outcome.fuzz_by_outcome["rejected"] += 1
                 await engine.send_frames(message)
             outcome.frames += 1
             sent_in_chunk += 1
             if last_chunk_frame:
                 sent_in_chunk = 0
-                rejects = outcome.expected_rejects.total()
+                rejects = outcome.rejected_expected.total()
                 caught_up = functools.partial(_caught_up, manager, name, last_valid, rejects)
                 await until(caught_up, f"{name} caught up with seq {last_valid}", 60.0, 0.002)
         status = manager.status(name)
         assert status is not None
-        outcome.rejected = {r: n for (p, r), n in manager.rejects.snapshot().items() if p == name}
-        outcome.restarts = status.restarts
+        outcome.rejected_by_reason = {
+            r: n for (p, r), n in manager.rejects.snapshot().items() if p == name
+        }
+        outcome.restarts_detected = status.restarts
         outcome.replays = status.replays
         got, want = table.dump_tiers(name), truth.dump_tiers(name)
         outcome.index_equal = got == want and status.whole
@@ -343,34 +347,22 @@ def run(args: argparse.Namespace) -> int:
     rows: list[tuple[str, str, str]] = []
     per_pod = []
     for o in outcomes:
-        counted = o.rejected == dict(o.expected_rejects)
+        rejected, expected = o.rejected_by_reason, o.rejected_expected
+        counted = rejected == dict(expected)
         ok = o.crashed is None and o.index_equal and counted
         failed |= not ok
         rows += [
             (f"{o.pod}: frames", f"{o.frames:,}", f"{o.valid:,} valid"),
             (f"{o.pod}: crashes", "0" if o.crashed is None else "1", o.crashed or "must be 0"),
             (f"{o.pod}: index = truth", str(o.index_equal), f"{o.index_blocks:,} blocks"),
-            (f"{o.pod}: rejections counted", f"{sum(o.rejected.values()):,}",
-             f"expected {sum(o.expected_rejects.values()):,}: {'ok' if counted else 'MISMATCH'}"),
+            (f"{o.pod}: rejections counted", f"{sum(rejected.values()):,}",
+             f"expected {sum(expected.values()):,}: {'ok' if counted else 'MISMATCH'}"),
             *((f"{o.pod}: fuzz {k}", f"{n:,}", "") for k, n in sorted(o.fuzz_by_outcome.items())),
-            (f"{o.pod}: engine-restart rebuilds", f"{o.restarts:,}", "impostors found by digest"),
+            (f"{o.pod}: engine-restart rebuilds", f"{o.restarts_detected:,}",
+             "impostors found by digest"),
             (f"{o.pod}: replays", f"{o.replays:,}", ""),
         ]  # fmt: skip
-        per_pod.append(
-            {
-                "pod": o.pod,
-                "frames": o.frames,
-                "valid": o.valid,
-                "crashed": o.crashed,
-                "index_equal": o.index_equal,
-                "index_blocks": o.index_blocks,
-                "rejected_by_reason": o.rejected,
-                "rejected_expected": dict(o.expected_rejects),
-                "fuzz_by_outcome": dict(o.fuzz_by_outcome),
-                "restarts_detected": o.restarts,
-                "replays": o.replays,
-            }
-        )
+        per_pod.append({f.name: getattr(o, f.name) for f in fields(o) if f.name != "truth"})
     total = sum(o.frames for o in outcomes)
     rows.append(("frames/s (all pods)", f"{total / seconds:,.0f}", f"{seconds:.1f} s"))
     print_table("KV events: live frame fuzz through the subscriber", rows)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from bench.harness.fleet import MODEL
-from bench.harness.records import RequestRecord
-from bench.harness.streaming import post_chat
+from bench.harness.streaming import RequestRecord, post_chat
 from bench.workloads.chat import WORDS
 
 

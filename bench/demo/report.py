@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.engine_stats import EngineCounters, engine_ttft_mean_s, hit_rate
-from bench.harness.records import RequestRecord
+from bench.harness.streaming import RequestRecord
 from bench.results_io import figure, have_matplotlib, log_axis, percentile, plot_cdf
 
 

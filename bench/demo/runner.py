@@ -30,9 +30,9 @@ from bench.harness.fleet import SimOptions, SimProcess, write_pods_file
 from bench.harness.gateway import AdminClient, serve_in_process
 from bench.harness.probe import LoopLagProbe
 from bench.harness.readiness import StartError
-from bench.harness.records import RequestRecord
+from bench.harness.streaming import RequestRecord
 from bench.results_io import write_json
-from bench.workloads import ChatWorkload
+from bench.workloads.chat import ChatWorkload
 from gateway.settings import Settings
 
 POLICIES = ("round-robin", "prefix-cache")

@@ -1,4 +1,4 @@
 """The pipeline every benchmark shares: child processes (`processes`), ports, simulated
 engines (`fleet`) and their counters (`engine_stats`), the gateway under test (`gateway`),
-readiness waits, streamed requests (`streaming`) and their records, and a probe of the
+readiness waits, streamed requests and their records (`streaming`), and a probe of the
 event loop."""

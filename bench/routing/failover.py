@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from bench.harness.readiness import eventually, wait_http
-from bench.harness.records import RequestRecord
+from bench.harness.streaming import RequestRecord
 from bench.results_io import percentile
 from bench.routing.routers import RouterProcess
 

@@ -20,8 +20,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness.records import RequestRecord
-from bench.harness.streaming import post_chat
+from bench.harness.streaming import RequestRecord, post_chat
 from bench.routing.script import Conversation, Script, schedule
 from bench.routing.workloads import WorkloadSize, build
 

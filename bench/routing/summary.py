@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.harness.engine_stats import EngineCounters, hit_rate
-from bench.harness.records import RequestRecord
+from bench.harness.streaming import RequestRecord
 from bench.results_io import percentile
 
 
