@@ -59,9 +59,10 @@ class _Stored:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pods", type=int, default=64, help="pods in the fleet (64)")
-    parser.add_argument("--requests", type=int, default=3000, help="decisions per policy")
-    parser.add_argument("--seed", type=int, default=0)
+    add = parser.add_argument
+    add("--pods", type=int, default=64, help="pods in the fleet (64)")
+    add("--requests", type=int, default=3000, help="decisions per policy")
+    add("--seed", type=int, default=0)
     add_output_arguments(parser, "decision")
 
 

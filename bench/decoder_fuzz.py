@@ -259,14 +259,11 @@ def measure_throughput(payloads: Sequence[bytes], seconds: float = 1.0) -> dict[
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cases", type=int, default=100_000, help="fuzz cases (default 100000)")
-    parser.add_argument("--seed", type=int, default=1, help="fuzz seed (default 1)")
-    parser.add_argument(
-        "--golden", type=Path, default=GOLDEN, metavar="PATH", help="golden capture (JSONL)"
-    )
-    parser.add_argument(
-        "--seconds", type=float, default=2.0, help="time spent per throughput measurement"
-    )
+    add = parser.add_argument
+    add("--cases", type=int, default=100_000, help="fuzz cases (default 100000)")
+    add("--seed", type=int, default=1, help="fuzz seed (default 1)")
+    add("--golden", type=Path, default=GOLDEN, metavar="PATH", help="golden capture (JSONL)")
+    add("--seconds", type=float, default=2.0, help="time spent per throughput measurement")
     add_output_arguments(parser, "decoder_fuzz", plot=False)
 
 
@@ -308,13 +305,3 @@ def run(args: argparse.Namespace) -> int:
     write_json(args.json, results)
     print(f"JSON written to {args.json}")
     return 1 if report.crash_count else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.decoder_fuzz", description=__doc__)
-    configure_parser(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

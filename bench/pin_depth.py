@@ -30,7 +30,7 @@ import httpx
 
 from bench.harness.engine_stats import cache_capacity_tokens
 from bench.harness.fleet import EngineEndpoint, SimOptions, SimProcess, write_pods_file
-from bench.harness.gateway import serve_in_process
+from bench.harness.gateway import AdminClient, serve_in_process
 from bench.harness.readiness import eventually, wait_http
 from bench.harness.streaming import post_chat
 from bench.results_io import RESULTS_DIR, figure, write_json
@@ -149,16 +149,14 @@ async def _flood(
     await eventually(drained, "the engine drained")
 
 
-async def _caught_up(
-    client: httpx.AsyncClient, gateway: str, engine: str, admin: dict[str, str]
-) -> None:
+async def _caught_up(admin: AdminClient, engine: str) -> None:
     """Wait until the gateway has applied every event batch of the flood: the measured
     request must not queue behind the gateway's own backlog."""
 
     async def applied() -> bool:
-        published = (await client.get(f"{engine}/sim/stats")).json()["publisher"]["next_seq"]
-        pods = (await client.get(f"{gateway}/admin/pods", headers=admin)).json()["pods"]
-        subscriber = pods[0]["subscriber"] or {}
+        stats = (await admin.client.get(f"{engine}/sim/stats")).json()
+        published = stats["publisher"]["next_seq"]
+        subscriber = (await admin.pods())[0]["subscriber"] or {}
         return bool(subscriber.get("last_seq") == published - 1)
 
     await eventually(applied, "the gateway applied the flood's events")
@@ -190,9 +188,9 @@ async def run_phase(
 ) -> dict[str, Any]:
     pods_file = write_pods_file(workdir / f"pods-{phase}-{depth}.json", [engine])
     gateway = await _start_gateway(pods_file, tokenizer)
-    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     try:
         async with httpx.AsyncClient(timeout=120) as client:
+            admin = AdminClient(client, gateway.url, ADMIN_TOKEN)
             await wait_http(f"{gateway.url}/ready", timeout_s=30)
             body = {"model": engine.model, "messages": vip.chat(depth), "max_tokens": 1}
             headers = PIN_HEADERS if phase == "pinned" else {"x-session-id": "vip"}
@@ -203,13 +201,13 @@ async def run_phase(
             if phase == "pinned":
 
                 async def pinned() -> int:
-                    pins = (await client.get(f"{gateway.url}/admin/pins", headers=admin)).json()
+                    pins = await admin.get("/admin/pins")
                     lease = pins["pins"][0] if pins["pins"] else None
                     return lease["blocks"] if lease and lease["state"] == "pinned" else 0
 
                 blocks = await eventually(pinned, "the VIP conversation pinned", 30)
             await _flood(client, plan, flood, engine.url, engine.model)
-            await _caught_up(client, gateway.url, engine.url, admin)
+            await _caught_up(admin, engine.url)
             ttft, prompt_tokens, cached = await _measure(
                 client, gateway.url, engine.model, vip.chat(depth + 1)
             )

@@ -129,7 +129,7 @@ async def running_harness(
                 gateway,
                 client,
                 FaultInjector(client, procs, gateway),
-                ConvergenceChecker(client, gateway.url, token, addresses),
+                ConvergenceChecker(gateway.admin(client), addresses),
                 workdir,
             )
     finally:
