@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import time
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -165,7 +165,7 @@ async def stream_phase(plan: StreamPlan, fleet: Fleet) -> tuple[dict[str, Any], 
                 )  # fmt: skip
                 target.seconds += time.perf_counter() - started
                 counters = await _engine_counters(client, urls[DIRECT]) - counted
-                target.engine = _sum(target.engine, counters)
+                target.engine += counters
                 target.cpu_s.update({n: s - before[n] for n, s in fleet.cpu_by_process().items()})
                 serial += plan.per_round
     samples = {
@@ -179,10 +179,6 @@ async def _engine_counters(client: httpx.AsyncClient, engine_url: str) -> Engine
     response = await client.get(f"{engine_url}/metrics")
     response.raise_for_status()
     return parse_counters(response.text)
-
-
-def _sum(a: EngineCounters, b: EngineCounters) -> EngineCounters:
-    return EngineCounters(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(a)))
 
 
 def _ms(values: list[float], pct: float) -> float:
