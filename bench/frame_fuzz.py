@@ -318,12 +318,15 @@ async def run_live_fuzz(
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--frames", type=int, default=100_000, help="frames per pod (100000)")
-    add("--pods", type=int, default=2, help="pods fuzzed at once (2)")
-    add("--seed", type=int, default=1, help="seed (1)")
-    add("--valid-share", type=float, default=0.5, help="share of valid batches (0.5)")
-    add("--buffer", type=int, default=10_000, help="engine replay buffer, batches (10000)")
+    parser.add_argument("--frames", type=int, default=100_000, help="frames per pod (100000)")
+    parser.add_argument("--pods", type=int, default=2, help="pods fuzzed at once (2)")
+    parser.add_argument("--seed", type=int, default=1, help="seed (1)")
+    parser.add_argument(
+        "--valid-share", type=float, default=0.5, help="share of valid batches (0.5)"
+    )
+    parser.add_argument(
+        "--buffer", type=int, default=10_000, help="engine replay buffer, batches (10000)"
+    )
     add_output_arguments(parser, "frame_fuzz", plot=False)
 
 

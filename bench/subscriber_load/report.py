@@ -8,75 +8,83 @@ from typing import Any
 from bench.results_io import figure, print_table
 from bench.subscriber_load.gateway import Gateway
 
-# (figure, value, note) of the table, formatted with the results (and the figures `report` derives).
-_ROWS = (
-    ("burst: prepared batches sent back to back", "", ""),
-    ("ingest_events_per_s", "{ingest_events_per_s:,.0f} events/s", "first send → caught up"),
-    ("ingest_batches_per_s", "{ingest_batches_per_s:,.0f} batches/s", ""),
-    ("ingest_blocks_per_s", "{ingest_blocks_per_s:,.0f} blocks/s", "hashes in events"),
-    ("ingest_events_per_cpu_s", "{ingest_events_per_cpu_s:,.0f} events/s", "per CPU s"),
-    (
-        "subscriber_cpu_s",
-        "{subscriber_cpu_s:.2f} s",
-        "{ingest_share:.0%} of a core over {ingest_wall_s:.1f} s",
-    ),
-    ("ingest_event_loop_max_stall_ms", "{ingest_event_loop_max_stall_ms:.0f} ms", ""),
-    (
-        "1 % of batches applied after",
-        "{ingest_first_percent_applied_s:.2f} s",
-        "sending took {ingest_publish_s:.2f} s",
-    ),
-    ("pods caught up after (first / last)", "{first:.2f} / {last:.2f} s", "same backlog each"),
-    (
-        "replays / gaps / live_dropped",
-        "{counters[replays]} / {counters[gaps]} / {counters[live_dropped]}",
-        "subscriber counters",
-    ),
-    ("live: engines step the sim cache and publish", "", ""),
-    ("live_events_per_s", "{live_events_per_s:,.0f} events/s", "steady window"),
-    ("live_cpu_s", "{live_cpu_s:.2f} s", "{live_share:.0%} of a core over {live_wall_s:.1f} s"),
-    ("live_event_loop_max_stall_ms", "{live_event_loop_max_stall_ms:.0f} ms", ""),
-    ("correctness and recovery", "", ""),
-    ("index_equals_engines", "{index_equals_engines}", "table.dump == resident set"),
-    (
-        "gap_recovery_p50_ms",
-        "{gap_recovery_p50_ms:.1f} ms",
-        "{config[gap_batches]} batches dropped",
-    ),
-    ("gap_recovery_max_ms", "{gap_recovery_max_ms:.1f} ms", "{config[gap_rounds]} rounds"),
-    (
-        "overrun_recovery_ms",
-        "{overrun_recovery_ms:.1f} ms",
-        "gap {config[overrun_gap_batches]} > buffer {config[overrun_buffer]}",
-    ),
-    (
-        "overrun stale / missing blocks",
-        "{overrun_stale_blocks} / {overrun_missing_blocks}",
-        "of {overrun_engine_blocks} held; pod degraded",
-    ),
-    (
-        "  same, after more publishing",
-        "{overrun_stale_after_churn} / {overrun_missing_after_churn}",
-        "of {overrun_engine_blocks_after_churn} held, after {overrun_churn_batches} more batches",
-    ),
-)
-
 
 def report(results: dict[str, Any]) -> None:
-    caught_up = list(results["ingest_pod_caught_up_s"].values())
-    values = {
-        **results,
-        "counters": results["ingest_subscriber_counters"],
-        "ingest_share": results["ingest_cpu_s"] / results["ingest_wall_s"],
-        "live_share": results["live_cpu_s"] / results["live_wall_s"],
-        "first": min(caught_up),
-        "last": max(caught_up),
-    }
     config = results["config"]
+    counters = results["ingest_subscriber_counters"]
+    r = results
+    ingest_share = r["ingest_cpu_s"] / r["ingest_wall_s"]
+    live_share = r["live_cpu_s"] / r["live_wall_s"]
+    caught_up = list(r["ingest_pod_caught_up_s"].values())
+    overrun = f"gap {config['overrun_gap_batches']} > buffer {config['overrun_buffer']}"
+    rows = [
+        ("burst: prepared batches sent back to back", "", ""),
+        (
+            "ingest_events_per_s",
+            f"{r['ingest_events_per_s']:,.0f} events/s",
+            "first send → caught up",
+        ),
+        ("ingest_batches_per_s", f"{r['ingest_batches_per_s']:,.0f} batches/s", ""),
+        ("ingest_blocks_per_s", f"{r['ingest_blocks_per_s']:,.0f} blocks/s", "hashes in events"),
+        ("ingest_events_per_cpu_s", f"{r['ingest_events_per_cpu_s']:,.0f} events/s", "per CPU s"),
+        (
+            "subscriber_cpu_s",
+            f"{r['subscriber_cpu_s']:.2f} s",
+            f"{ingest_share:.0%} of a core over {r['ingest_wall_s']:.1f} s",
+        ),
+        ("ingest_event_loop_max_stall_ms", f"{r['ingest_event_loop_max_stall_ms']:.0f} ms", ""),
+        (
+            "1 % of batches applied after",
+            f"{r['ingest_first_percent_applied_s']:.2f} s",
+            f"sending took {r['ingest_publish_s']:.2f} s",
+        ),
+        (
+            "pods caught up after (first / last)",
+            f"{min(caught_up):.2f} / {max(caught_up):.2f} s",
+            "same backlog each",
+        ),
+        (
+            "replays / gaps / live_dropped",
+            f"{counters['replays']} / {counters['gaps']} / {counters['live_dropped']}",
+            "subscriber counters",
+        ),
+        ("live: engines step the sim cache and publish", "", ""),
+        ("live_events_per_s", f"{r['live_events_per_s']:,.0f} events/s", "steady window"),
+        (
+            "live_cpu_s",
+            f"{r['live_cpu_s']:.2f} s",
+            f"{live_share:.0%} of a core over {r['live_wall_s']:.1f} s",
+        ),
+        ("live_event_loop_max_stall_ms", f"{r['live_event_loop_max_stall_ms']:.0f} ms", ""),
+        ("correctness and recovery", "", ""),
+        ("index_equals_engines", str(r["index_equals_engines"]), "table.dump == resident set"),
+        (
+            "gap_recovery_p50_ms",
+            f"{r['gap_recovery_p50_ms']:.1f} ms",
+            f"{config['gap_batches']} batches dropped",
+        ),
+        (
+            "gap_recovery_max_ms",
+            f"{r['gap_recovery_max_ms']:.1f} ms",
+            f"{config['gap_rounds']} rounds",
+        ),
+        ("overrun_recovery_ms", f"{r['overrun_recovery_ms']:.1f} ms", overrun),
+        (
+            "overrun stale / missing blocks",
+            f"{r['overrun_stale_blocks']} / {r['overrun_missing_blocks']}",
+            f"of {r['overrun_engine_blocks']} held; pod degraded",
+        ),
+        (
+            "  same, after more publishing",
+            f"{r['overrun_stale_after_churn']} / {r['overrun_missing_after_churn']}",
+            f"of {r['overrun_engine_blocks_after_churn']} held, after "
+            f"{r['overrun_churn_batches']} more batches",
+        ),
+    ]
     print_table(
         f"kvgate subscriber: {config['engines']} engine processes + this subscriber process "
         f"sharing {config['cores']} cores",
-        [(name, value.format(**values), note.format(**values)) for name, value, note in _ROWS],
+        rows,
     )
 
 
