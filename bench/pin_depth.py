@@ -1,17 +1,11 @@
-"""`kvgate bench pin-depth`: seed 001's V5 depth sweep on simulated SGLang engines.
+"""`kvgate bench pin-depth`: seed 001's V5 depth sweep on simulated SGLang engines; the
+protocol and figures are in docs/pinning.md ("Benchmark").
 
-Per depth D (0, 2, 6, 10, 16), on a fresh pair of identical engines (one process, `--fleet
-2 --flavor sglang`), each behind its own gateway:
-1. warm-up: the VIP conversation's system prompt and messages 0..D, through the gateway
-   (pinned phase: with `x-kvgate-pin`, so the gateway pins it once its blocks are stored;
-   the gateway's subscriber is connected before the warm-up, seed gotcha 10);
-2. flood: other multi-turn traffic straight to the engine, `ceil(capacity × cycles /
-   unique tokens per flood request)` requests (seed gotcha 8), both numbers measured: the
-   capacity from the engine's /metrics, the unique tokens from the flood prompts as the
-   engine tokenizes them (a radix tree's distinct tokens per request, plus the answer);
-3. drain, then measure: messages 0..D+1 streamed through the gateway, TTFT from the
-   stream (first content chunk) and cached tokens from the same stream's usage (gotcha 9).
-TTFT is reported in model time (wall time × the engines' --time-scale).
+Per depth, a fresh pair of identical engines, each behind its own gateway: warm-up of the
+VIP conversation through the gateway (pinned on one), a flood straight to the engine sized
+from measured numbers (seed gotcha 8), then the measured turn, streamed, its TTFT and
+cached tokens from the same stream (gotcha 9). The gateway's subscriber is connected
+before the warm-up (gotcha 10).
 """
 
 from __future__ import annotations
