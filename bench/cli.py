@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 
 # name -> (module with configure_parser/run, help); modules are imported only when run.
-_BENCHMARKS: dict[str, tuple[str | None, str]] = {
+_BENCHMARKS: dict[str, tuple[str, str]] = {
     "indexer": (
         "bench.indexer_bench",
         "prefix-hash indexer: ingest, removal, match latency, hashing, memory per pair",
@@ -56,18 +55,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     benches = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
     for name, (module_name, summary) in _BENCHMARKS.items():
         sub = benches.add_parser(name, help=summary, description=summary)
-        if module_name is None:
-            sub.set_defaults(_bench=None, _bench_name=name)
-            continue
         module = importlib.import_module(module_name)
         module.configure_parser(sub)
-        sub.set_defaults(_bench=module.run, _bench_name=name)
+        sub.set_defaults(_bench=module.run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args._bench is None:
-        name = args._bench_name
-        print(f"kvgate bench {name}: not yet available in this version", file=sys.stderr)
-        return 2
     status: int = args._bench(args)
     return status

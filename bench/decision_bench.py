@@ -18,11 +18,19 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from bench.results_io import add_output_arguments, percentile, print_table, write_json
+from bench.results_io import (
+    add_output_arguments,
+    figure,
+    have_matplotlib,
+    percentile,
+    print_table,
+    write_json,
+)
 from gateway.discovery import Pod
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodRegistry, PodState
@@ -51,9 +59,10 @@ class _Stored:
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--pods", type=int, default=64, help="pods in the fleet (64)")
-    parser.add_argument("--requests", type=int, default=3000, help="decisions per policy")
-    parser.add_argument("--seed", type=int, default=0)
+    add = parser.add_argument
+    add("--pods", type=int, default=64, help="pods in the fleet (64)")
+    add("--requests", type=int, default=3000, help="decisions per policy")
+    add("--seed", type=int, default=0)
     add_output_arguments(parser, "decision")
 
 
@@ -148,22 +157,13 @@ class _TimedRouter(Router):
         self.dispatch_s = time.perf_counter() - started
 
 
-def _plot(path: Any, results: dict[str, dict[str, float]]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+def _plot(path: Path, results: dict[str, dict[str, float]]) -> None:
+    if not have_matplotlib():
         return
-    figure, axes = plt.subplots(figsize=(6, 3.5))
-    names = list(results)
-    axes.bar([n + " p50" for n in names], [results[n]["p50_us"] for n in names])
-    axes.bar([n + " p99" for n in names], [results[n]["p99_us"] for n in names])
-    axes.axhline(TARGET_P50_US, linestyle="--", color="grey")
-    axes.set_ylabel("µs per decision")
-    axes.tick_params(axis="x", rotation=30)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
+    with figure(path, figsize=(6, 3.5)) as (_, axes):
+        names = list(results)
+        axes.bar([n + " p50" for n in names], [results[n]["p50_us"] for n in names])
+        axes.bar([n + " p99" for n in names], [results[n]["p99_us"] for n in names])
+        axes.axhline(TARGET_P50_US, linestyle="--", color="grey")
+        axes.set_ylabel("µs per decision")
+        axes.tick_params(axis="x", rotation=30)

@@ -1,16 +1,10 @@
-"""KV event decoder: fuzzing (only `DecodeError` may escape) and decode throughput.
+"""KV event decoder (`kvgate bench decoder`): fuzzing (only `DecodeError` may escape) and
+decode throughput (docs/benchmarks.md).
 
-Run as ``python -m bench.decoder_fuzz [--cases N] [--seed S] [--json PATH]``.
-
-Fuzz cases are drawn from the golden vLLM capture: byte-level mutations of its payloads
-(bit flips, byte overwrites, truncation, extension, deletion, splices of two payloads,
-inserted msgpack markers), structural mutations (the decoded batch with one node replaced,
-dropped or duplicated, re-packed), random bytes, and random multipart frames for the
-frame helpers. A case *crashes* when anything but `DecodeError` escapes, or when an
-accepted payload breaks an invariant (token count, re-encoding round trip).
-
-Figures (JSON keys): cases, crashes, accepted, rejected_by_reason, fuzz_cases_per_s,
-decode_batches_per_s, decode_events_per_s, decode_mb_per_s, unpackb_batches_per_s.
+Fuzz cases are mutations of the golden vLLM capture's payloads (`MUTATORS`: byte-level,
+structural, random bytes, random multipart frames). A case *crashes* when anything but
+`DecodeError` escapes, or when an accepted payload breaks an invariant (token count,
+re-encoding round trip).
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from typing import Any
 
 import msgpack
 
-from bench.results_io import RESULTS_DIR, print_table, write_json
+from bench.results_io import add_output_arguments, print_table, write_json
 from subscriber import (
     BlockStored,
     DecodeError,
@@ -265,21 +259,12 @@ def measure_throughput(payloads: Sequence[bytes], seconds: float = 1.0) -> dict[
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cases", type=int, default=100_000, help="fuzz cases (default 100000)")
-    parser.add_argument("--seed", type=int, default=1, help="fuzz seed (default 1)")
-    parser.add_argument(
-        "--golden", type=Path, default=GOLDEN, metavar="PATH", help="golden capture (JSONL)"
-    )
-    parser.add_argument(
-        "--seconds", type=float, default=2.0, help="time spent per throughput measurement"
-    )
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / "decoder_fuzz.json",
-        metavar="PATH",
-        help="where to write the JSON results (default bench/results/decoder_fuzz.json)",
-    )
+    add = parser.add_argument
+    add("--cases", type=int, default=100_000, help="fuzz cases (default 100000)")
+    add("--seed", type=int, default=1, help="fuzz seed (default 1)")
+    add("--golden", type=Path, default=GOLDEN, metavar="PATH", help="golden capture (JSONL)")
+    add("--seconds", type=float, default=2.0, help="time spent per throughput measurement")
+    add_output_arguments(parser, "decoder_fuzz", plot=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -320,13 +305,3 @@ def run(args: argparse.Namespace) -> int:
     write_json(args.json, results)
     print(f"JSON written to {args.json}")
     return 1 if report.crash_count else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.decoder_fuzz", description=__doc__)
-    configure_parser(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -37,8 +37,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.demo import DemoOptions, make_plan, run_demo
+    from bench.demo.plan import make_plan
     from bench.demo.progress import stderr_is_tty
+    from bench.demo.runner import DemoOptions, run_demo
 
     errors = {
         "--engines": args.engines < 1,

@@ -1,33 +1,14 @@
-"""Live KV event fuzzing: mutated and random frames through the real subscriber path.
+"""Live KV event fuzzing (`kvgate bench fuzz`): mutated and random frames through the real
+subscriber path. Set-up, guarantees and figures: docs/reliability.md.
 
-Run as ``kvgate bench fuzz [--frames N] [--pods P] [--seed S]``.
-
-Per pod, a fake engine (a real ZMQ PUB socket and replay ROUTER on loopback, keeping the
-last `--buffer` valid batches as vLLM does) publishes a stream in which valid batches
-(the golden vLLM 0.32 capture, then a model engine's stores, removals and occasional
-resets, encoded as vLLM does) are mixed with fuzz frames: the decoder fuzzer's mutations
-of valid payloads, random bytes and malformed multipart messages. A `SubscriberManager`
-feeding a `SyncPrefixHashTable` through `IndexSink` — the gateway's own path — subscribes.
-
-Fuzz frames carry a seq drawn from: the seq the next valid batch will carry ("next"), a
-seq already applied ("stale"), or a random 64-bit one ("random"). What must happen:
-
-- a frame that cannot be decoded is rejected and counted (per pod, per reason) whatever
-  its seq, and changes nothing;
-- a decodable frame with a stale or random seq is settled by a replay check (the engine's
-  buffer says it never sent it) and ignored;
-- a decodable frame with the next seq is indistinguishable from the engine's batch: it is
-  applied, and repaired when the engine's real batch with that seq arrives (different
-  digest → rebuild from the replay buffer). The stream resets the engine's cache (an
-  AllBlocksCleared) more often than the buffer wraps, so a rebuild is always exact.
-
-At the end, each pod's index must equal the index built from the valid batches alone, and
-the rejection counters must equal the number of undecodable frames sent, per reason.
-Frames are sent in chunks, each ending with a valid batch the subscriber is awaited on, so
-no frame is lost to a ZMQ high-water mark (a lost frame would make the counts unverifiable).
-
-Figures (JSON keys): frames_per_pod, crashes, index_equal, rejected_by_reason,
-rejected_expected, fuzz_by_outcome, restarts_detected, replays, seconds, frames_per_s.
+Per pod a `FakeEngine` (ZMQ PUB + replay ROUTER) mixes valid batches with fuzz frames
+(`decoder_fuzz.MUTATORS`) whose seq is the next one, a stale one or a random one; a
+`SubscriberManager` feeding a `SyncPrefixHashTable` through `IndexSink` subscribes. At the
+end each pod's index must equal the one built from the valid batches alone, and the
+rejection counters the undecodable frames sent, per reason. The stream resets the
+engine's cache more often than the buffer wraps, so a rebuild after an impostor batch is
+always exact; frames go out in chunks ending with a valid batch that is awaited, so none
+is lost to a high-water mark (the counts would be unverifiable).
 """
 
 from __future__ import annotations
@@ -40,15 +21,15 @@ import random
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
 from bench import decoder_fuzz
-from bench.results_io import RESULTS_DIR, print_table, write_json
+from bench.harness.readiness import subscriber_live, until
+from bench.results_io import add_output_arguments, print_table, write_json
 from indexer import IndexConfig, SyncPrefixHashTable, Tier
 from subscriber import (
     AllBlocksCleared,
@@ -160,17 +141,19 @@ class FakeEngine:
 
 @dataclass
 class PodOutcome:
+    """Its fields but `truth` are the pod's JSON figures, in their order."""
+
     pod: str
     frames: int = 0
     valid: int = 0
-    expected_rejects: Counter[str] = field(default_factory=Counter)
-    fuzz_by_outcome: Counter[str] = field(default_factory=Counter)
-    rejected: dict[str, int] = field(default_factory=dict)
+    crashed: str | None = None
     index_equal: bool = False
     index_blocks: int = 0
-    restarts: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    rejected_expected: Counter[str] = field(default_factory=Counter)
+    fuzz_by_outcome: Counter[str] = field(default_factory=Counter)
+    restarts_detected: int = 0
     replays: int = 0
-    crashed: str | None = None
     truth: dict[Tier, set[Any]] = field(default_factory=dict)
     """What the valid batches alone say the pod holds, per tier."""
 
@@ -230,7 +213,8 @@ async def fuzz_pod(
     try:
         if subscribe:
             await manager.upsert(PodEndpoint(name, MODEL, engine.events, engine.replay))
-        await _until(lambda: _live(manager, name), what=f"{name} live and connected")
+        live = functools.partial(subscriber_live, manager, name)
+        await until(live, f"{name} live and connected", 60.0, 0.002)
         pending_golden = list(golden)
         sent_in_chunk = 0
         while outcome.frames < frames:
@@ -250,23 +234,22 @@ async def fuzz_pod(
                 if reason is None:
                     outcome.fuzz_by_outcome[f"decodable_{seq_class}"] += 1
                 else:
-                    outcome.expected_rejects[reason] += 1
+                    outcome.rejected_expected[reason] += 1
                     outcome.fuzz_by_outcome["rejected"] += 1
                 await engine.send_frames(message)
             outcome.frames += 1
             sent_in_chunk += 1
             if last_chunk_frame:
                 sent_in_chunk = 0
-                await _until(
-                    functools.partial(
-                        _caught_up, manager, name, last_valid, outcome.expected_rejects.total()
-                    ),
-                    what=f"{name} caught up with seq {last_valid}",
-                )
+                rejects = outcome.rejected_expected.total()
+                caught_up = functools.partial(_caught_up, manager, name, last_valid, rejects)
+                await until(caught_up, f"{name} caught up with seq {last_valid}", 60.0, 0.002)
         status = manager.status(name)
         assert status is not None
-        outcome.rejected = {r: n for (p, r), n in manager.rejects.snapshot().items() if p == name}
-        outcome.restarts = status.restarts
+        outcome.rejected_by_reason = {
+            r: n for (p, r), n in manager.rejects.snapshot().items() if p == name
+        }
+        outcome.restarts_detected = status.restarts
         outcome.replays = status.replays
         got, want = table.dump_tiers(name), truth.dump_tiers(name)
         outcome.index_equal = got == want and status.whole
@@ -277,24 +260,11 @@ async def fuzz_pod(
     return outcome
 
 
-def _live(manager: SubscriberManager, name: str) -> bool:
-    status = manager.status(name)
-    return status is not None and status.phase is Phase.LIVE and status.connected
-
-
 def _caught_up(manager: SubscriberManager, name: str, seq: int, rejects: int) -> bool:
     status = manager.status(name)
     if status is None or status.phase is Phase.BACKOFF:
         raise RuntimeError(f"the subscriber of {name} stopped (phase {status and status.phase})")
     return status.last_seq == seq and status.frames_rejected >= rejects
-
-
-async def _until(check: Any, *, what: str, within: float = 60.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {within} s")
-        await asyncio.sleep(0.002)
 
 
 async def run_live_fuzz(
@@ -357,13 +327,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--buffer", type=int, default=10_000, help="engine replay buffer, batches (10000)"
     )
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=RESULTS_DIR / "frame_fuzz.json",
-        metavar="PATH",
-        help="where to write the JSON results (default bench/results/frame_fuzz.json)",
-    )
+    add_output_arguments(parser, "frame_fuzz", plot=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -383,34 +347,22 @@ def run(args: argparse.Namespace) -> int:
     rows: list[tuple[str, str, str]] = []
     per_pod = []
     for o in outcomes:
-        counted = o.rejected == dict(o.expected_rejects)
+        rejected, expected = o.rejected_by_reason, o.rejected_expected
+        counted = rejected == dict(expected)
         ok = o.crashed is None and o.index_equal and counted
         failed |= not ok
         rows += [
             (f"{o.pod}: frames", f"{o.frames:,}", f"{o.valid:,} valid"),
             (f"{o.pod}: crashes", "0" if o.crashed is None else "1", o.crashed or "must be 0"),
             (f"{o.pod}: index = truth", str(o.index_equal), f"{o.index_blocks:,} blocks"),
-            (f"{o.pod}: rejections counted", f"{sum(o.rejected.values()):,}",
-             f"expected {sum(o.expected_rejects.values()):,}: {'ok' if counted else 'MISMATCH'}"),
+            (f"{o.pod}: rejections counted", f"{sum(rejected.values()):,}",
+             f"expected {sum(expected.values()):,}: {'ok' if counted else 'MISMATCH'}"),
             *((f"{o.pod}: fuzz {k}", f"{n:,}", "") for k, n in sorted(o.fuzz_by_outcome.items())),
-            (f"{o.pod}: engine-restart rebuilds", f"{o.restarts:,}", "impostors found by digest"),
+            (f"{o.pod}: engine-restart rebuilds", f"{o.restarts_detected:,}",
+             "impostors found by digest"),
             (f"{o.pod}: replays", f"{o.replays:,}", ""),
         ]  # fmt: skip
-        per_pod.append(
-            {
-                "pod": o.pod,
-                "frames": o.frames,
-                "valid": o.valid,
-                "crashed": o.crashed,
-                "index_equal": o.index_equal,
-                "index_blocks": o.index_blocks,
-                "rejected_by_reason": o.rejected,
-                "rejected_expected": dict(o.expected_rejects),
-                "fuzz_by_outcome": dict(o.fuzz_by_outcome),
-                "restarts_detected": o.restarts,
-                "replays": o.replays,
-            }
-        )
+        per_pod.append({f.name: getattr(o, f.name) for f in fields(o) if f.name != "truth"})
     total = sum(o.frames for o in outcomes)
     rows.append(("frames/s (all pods)", f"{total / seconds:,.0f}", f"{seconds:.1f} s"))
     print_table("KV events: live frame fuzz through the subscriber", rows)

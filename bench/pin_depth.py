@@ -1,17 +1,11 @@
-"""`kvgate bench pin-depth`: seed 001's V5 depth sweep on simulated SGLang engines.
+"""`kvgate bench pin-depth`: seed 001's V5 depth sweep on simulated SGLang engines; the
+protocol and figures are in docs/pinning.md ("Benchmark").
 
-Per depth D (0, 2, 6, 10, 16), on a fresh pair of identical engines (one process, `--fleet
-2 --flavor sglang`), each behind its own gateway:
-1. warm-up: the VIP conversation's system prompt and messages 0..D, through the gateway
-   (pinned phase: with `x-kvgate-pin`, so the gateway pins it once its blocks are stored;
-   the gateway's subscriber is connected before the warm-up, seed gotcha 10);
-2. flood: other multi-turn traffic straight to the engine, `ceil(capacity × cycles /
-   unique tokens per flood request)` requests (seed gotcha 8), both numbers measured: the
-   capacity from the engine's /metrics, the unique tokens from the flood prompts as the
-   engine tokenizes them (a radix tree's distinct tokens per request, plus the answer);
-3. drain, then measure: messages 0..D+1 streamed through the gateway, TTFT from the
-   stream (first content chunk) and cached tokens from the same stream's usage (gotcha 9).
-TTFT is reported in model time (wall time × the engines' --time-scale).
+Per depth, a fresh pair of identical engines, each behind its own gateway: warm-up of the
+VIP conversation through the gateway (pinned on one), a flood straight to the engine sized
+from measured numbers (seed gotcha 8), then the measured turn, streamed, its TTFT and
+cached tokens from the same stream (gotcha 9). The gateway's subscriber is connected
+before the warm-up (gotcha 10).
 """
 
 from __future__ import annotations
@@ -28,17 +22,11 @@ from typing import Any
 
 import httpx
 
-from bench.harness import (
-    EngineEndpoint,
-    SimOptions,
-    SimProcess,
-    eventually,
-    post_chat,
-    serve_in_process,
-    wait_http,
-    write_pods_file,
-)
 from bench.harness.engine_stats import cache_capacity_tokens
+from bench.harness.fleet import EngineEndpoint, SimOptions, SimProcess, write_pods_file
+from bench.harness.gateway import AdminClient, serve_in_process
+from bench.harness.readiness import eventually, wait_http
+from bench.harness.streaming import post_chat
 from bench.results_io import RESULTS_DIR, figure, write_json
 from bench.workloads.pin_depth import (
     FloodTraffic,
@@ -155,16 +143,14 @@ async def _flood(
     await eventually(drained, "the engine drained")
 
 
-async def _caught_up(
-    client: httpx.AsyncClient, gateway: str, engine: str, admin: dict[str, str]
-) -> None:
+async def _caught_up(admin: AdminClient, engine: str) -> None:
     """Wait until the gateway has applied every event batch of the flood: the measured
     request must not queue behind the gateway's own backlog."""
 
     async def applied() -> bool:
-        published = (await client.get(f"{engine}/sim/stats")).json()["publisher"]["next_seq"]
-        pods = (await client.get(f"{gateway}/admin/pods", headers=admin)).json()["pods"]
-        subscriber = pods[0]["subscriber"] or {}
+        stats = (await admin.client.get(f"{engine}/sim/stats")).json()
+        published = stats["publisher"]["next_seq"]
+        subscriber = (await admin.pods())[0]["subscriber"] or {}
         return bool(subscriber.get("last_seq") == published - 1)
 
     await eventually(applied, "the gateway applied the flood's events")
@@ -196,9 +182,9 @@ async def run_phase(
 ) -> dict[str, Any]:
     pods_file = write_pods_file(workdir / f"pods-{phase}-{depth}.json", [engine])
     gateway = await _start_gateway(pods_file, tokenizer)
-    admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     try:
         async with httpx.AsyncClient(timeout=120) as client:
+            admin = AdminClient(client, gateway.url, ADMIN_TOKEN)
             await wait_http(f"{gateway.url}/ready", timeout_s=30)
             body = {"model": engine.model, "messages": vip.chat(depth), "max_tokens": 1}
             headers = PIN_HEADERS if phase == "pinned" else {"x-session-id": "vip"}
@@ -209,13 +195,13 @@ async def run_phase(
             if phase == "pinned":
 
                 async def pinned() -> int:
-                    pins = (await client.get(f"{gateway.url}/admin/pins", headers=admin)).json()
+                    pins = await admin.get("/admin/pins")
                     lease = pins["pins"][0] if pins["pins"] else None
                     return lease["blocks"] if lease and lease["state"] == "pinned" else 0
 
                 blocks = await eventually(pinned, "the VIP conversation pinned", 30)
             await _flood(client, plan, flood, engine.url, engine.model)
-            await _caught_up(client, gateway.url, engine.url, admin)
+            await _caught_up(admin, engine.url)
             ttft, prompt_tokens, cached = await _measure(
                 client, gateway.url, engine.model, vip.chat(depth + 1)
             )

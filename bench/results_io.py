@@ -51,13 +51,11 @@ def write_json(path: Path, results: Mapping[str, Any]) -> Path:
     return path
 
 
-def add_output_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """`--json PATH` and `--plot PATH`, defaulting to bench/results/<name>.json|png (`name`
-    may hold a folder: `chaos/chaos`)."""
-    for flag, suffix, what in (
-        ("--json", "json", "the JSON results"),
-        ("--plot", "png", "the plot"),
-    ):
+def add_output_arguments(parser: argparse.ArgumentParser, name: str, *, plot: bool = True) -> None:
+    """`--json PATH` and (with `plot`) `--plot PATH`, defaulting to
+    bench/results/<name>.json|png (`name` may hold a folder: `chaos/chaos`)."""
+    outputs = [("--json", "json", "the JSON results"), ("--plot", "png", "the plot")]
+    for flag, suffix, what in outputs[: 2 if plot else 1]:
         parser.add_argument(
             flag,
             type=Path,
@@ -84,6 +82,22 @@ def figure(path: Path, *grid: int, dpi: float | None = None, **options: Any) -> 
         fig.savefig(path, **({} if dpi is None else {"dpi": dpi}))
     finally:
         plt.close(fig)
+
+
+def plot_cdf(axis: Any, values: Sequence[float], label: str, style: str = "-") -> None:
+    """The empirical CDF of `values` on `axis`."""
+    ordered = sorted(values)
+    axis.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], style, label=label)
+
+
+def log_axis(axis: Any, title: str, xlabel: str, ylabel: str, **legend: Any) -> None:
+    """A log-x panel of curves: labels, title, grid and legend."""
+    axis.set_xscale("log")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(**legend)
 
 
 def pyplot(path: Path) -> Any:

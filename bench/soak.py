@@ -1,13 +1,6 @@
-"""`kvgate bench soak --minutes 10`: does the gateway stay flat under long steady load?
-
-The same fleet as `kvgate bench chaos` (engine processes + `kvgate serve`). First the
-capacity of the whole setup on this machine is measured (completed requests/s with the
-load generator saturating it for a few seconds); then traffic runs at `--load` (0.8) of it
-for `--minutes`, with an occasional fault that must not lose a request (dropped batches,
-publisher restarts, stalls, 5xx answers the gateway retries). Every `--sample-interval`
-seconds the gateway's RSS, open fds and asyncio tasks are sampled; after the warm-up their
-least-squares slopes (per minute) tell whether anything grows. Every failed client request
-is a lost request. At the end, the index must equal every engine's cache.
+"""`kvgate bench soak --minutes 10`: does the gateway stay flat under long steady load? The
+chaos fleet, its capacity measured first, then `--load` of it with occasional faults that
+must not lose a request; how it is checked and what it found: docs/reliability.md ("Soak").
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from bench.chaos.faults import fault_plan
 from bench.chaos.harness import Harness, running_harness
 from bench.chaos.loadgen import LoadGenerator, TrafficShape
 from bench.chaos.sampler import Sample, slope_per_minute
-from bench.harness import SimOptions
+from bench.harness.fleet import SimOptions
 from bench.results_io import (
     add_output_arguments,
     figure,

@@ -23,7 +23,8 @@ from typing import Any
 
 import httpx
 
-from bench.harness import EngineEndpoint
+from bench.harness.fleet import EngineEndpoint
+from bench.harness.gateway import AdminClient
 
 _TIERS = ("GPU", "CPU", "STORAGE")
 # Degraded states no amount of waiting repairs (the index holds only what it saw).
@@ -75,31 +76,23 @@ class Convergence:
 class ConvergenceChecker:
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        gateway_url: str,
-        admin_token: str,
+        admin: AdminClient,
         engines: Sequence[EngineEndpoint],
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = client
-        self._gateway = gateway_url
-        self._headers = {"authorization": f"Bearer {admin_token}"}
+        self._admin = admin
         self._engines = list(engines)
         self._clock = clock
 
     async def subscribers(self) -> dict[str, dict[str, Any]]:
-        response = await self._client.get(f"{self._gateway}/admin/pods", headers=self._headers)
-        response.raise_for_status()
-        return {p["name"]: (p.get("subscriber") or {}) for p in response.json()["pods"]}
+        return {p["name"]: (p.get("subscriber") or {}) for p in await self._admin.pods()}
 
     async def compare(self, engine: EngineEndpoint) -> PodComparison | None:
         """One consistent comparison of `engine`'s pod, or None if none was possible now."""
         seq, pending = await self._engine_seq(engine)
         cache = await self._get(f"{engine.url}/sim/cache")
-        index = await self._get(
-            f"{self._gateway}/admin/index", params={"pod": engine.name}, headers=self._headers
-        )
+        index = await self._admin.get("/admin/index", pod=engine.name)
         if pending or await self._engine_seq(engine) != (seq, 0):
             return None  # the engine changed its cache meanwhile, or has not published it
         last = index.get("last_seq")
@@ -168,8 +161,8 @@ class ConvergenceChecker:
         publisher = (await self._get(f"{engine.url}/sim/stats"))["publisher"]
         return int(publisher["next_seq"]), int(publisher.get("pending_events", 0))
 
-    async def _get(self, url: str, **kwargs: Any) -> dict[str, Any]:
-        response = await self._client.get(url, **kwargs)
+    async def _get(self, url: str) -> dict[str, Any]:
+        response = await self._admin.client.get(url)
         response.raise_for_status()
         body: dict[str, Any] = response.json()
         return body

@@ -21,20 +21,30 @@ from typing import Any
 
 import httpx
 
-from bench.harness import GatewayProcess, SimProcess
+from bench.harness.fleet import SimProcess
+from bench.harness.gateway import GatewayProcess
 
-KINDS = (
-    "drop_batches",
-    "drop_fraction",
-    "restart_keep_cache",
-    "restart_wipe_cache",
-    "kill_engine",
-    "stall",
-    "fail_5xx",
-    "close_midstream",
-    "overrun_replay",
-    "kill_gateway",
-)
+# Each kind's parameters, drawn from the plan's rng in this order: the simulator's
+# `POST /sim/faults` body, or (kills) how the fault is applied here.
+_PARAMS: dict[str, Callable[[random.Random], dict[str, Any]]] = {
+    "drop_batches": lambda rng: {"drop_batches": rng.randint(1, 5)},
+    "drop_fraction": lambda rng: {
+        "drop_fraction": round(rng.uniform(0.3, 0.9), 2),
+        "seconds": rng.uniform(0.5, 2),
+    },
+    "restart_keep_cache": lambda rng: {"restart_publisher": True, "wipe_cache": False},
+    "restart_wipe_cache": lambda rng: {"restart_publisher": True, "wipe_cache": True},
+    "kill_engine": lambda rng: {"down_s": round(rng.uniform(0.2, 1.5), 2)},
+    "stall": lambda rng: {"stall_ms": rng.randint(50, 300), "seconds": rng.uniform(0.5, 2)},
+    "fail_5xx": lambda rng: {
+        "fail_requests": rng.randint(1, 4),
+        "status": rng.choice([500, 502, 503]),
+    },
+    "close_midstream": lambda rng: {"close_midstream": rng.randint(1, 3)},
+    "overrun_replay": lambda rng: {"overrun_replay": rng.randint(1, 3)},
+    "kill_gateway": lambda rng: {},
+}
+KINDS = tuple(_PARAMS)
 # The simulator's `faults_fired` counter that shows an armed fault has acted.
 _FIRED_KEY = {
     "drop_batches": "drop_batches",
@@ -73,32 +83,8 @@ def fault_plan(
         round_kinds = list(kinds)
         rng.shuffle(round_kinds)
         for kind in round_kinds[: count - len(specs)]:
-            specs.append(FaultSpec(len(specs), kind, rng.randrange(engines), _params(kind, rng)))
+            specs.append(FaultSpec(len(specs), kind, rng.randrange(engines), _PARAMS[kind](rng)))
     return specs
-
-
-def _params(kind: str, rng: random.Random) -> dict[str, Any]:
-    if kind == "drop_batches":
-        return {"drop_batches": rng.randint(1, 5)}
-    if kind == "drop_fraction":
-        return {"drop_fraction": round(rng.uniform(0.3, 0.9), 2), "seconds": rng.uniform(0.5, 2)}
-    if kind == "restart_keep_cache":
-        return {"restart_publisher": True, "wipe_cache": False}
-    if kind == "restart_wipe_cache":
-        return {"restart_publisher": True, "wipe_cache": True}
-    if kind == "kill_engine":
-        return {"down_s": round(rng.uniform(0.2, 1.5), 2)}
-    if kind == "stall":
-        return {"stall_ms": rng.randint(50, 300), "seconds": rng.uniform(0.5, 2)}
-    if kind == "fail_5xx":
-        return {"fail_requests": rng.randint(1, 4), "status": rng.choice([500, 502, 503])}
-    if kind == "close_midstream":
-        return {"close_midstream": rng.randint(1, 3)}
-    if kind == "overrun_replay":
-        return {"overrun_replay": rng.randint(1, 3)}
-    if kind == "kill_gateway":
-        return {}
-    raise ValueError(f"unknown fault kind {kind!r}")
 
 
 class FaultInjector:
@@ -135,7 +121,7 @@ class FaultInjector:
             key = _FIRED_KEY[spec.kind]
             before = (await self.fired(engine)).get(key, 0)
             await self.arm(engine, spec.params)
-            wanted = before + int(spec.params[_param_of(spec.kind)])
+            wanted = before + int(spec.params[key])
             record.fired = await self._wait_fired(engine, key, wanted)
         else:
             await self.arm(engine, spec.params)
@@ -161,7 +147,3 @@ class FaultInjector:
                 return True
             await asyncio.sleep(0.05)
         return False
-
-
-def _param_of(kind: str) -> str:
-    return {"fail_5xx": "fail_requests"}.get(kind, kind)

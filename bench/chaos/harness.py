@@ -20,13 +20,9 @@ from bench.chaos.convergence import Convergence, ConvergenceChecker
 from bench.chaos.faults import FaultInjector
 from bench.chaos.loadgen import LoadGenerator, TrafficShape
 from bench.chaos.sampler import ProcessSampler
-from bench.harness import (
-    GatewayProcess,
-    SimOptions,
-    SimProcess,
-    free_port_block,
-    write_pods_file,
-)
+from bench.harness.fleet import SimOptions, SimProcess, write_pods_file
+from bench.harness.gateway import GatewayProcess
+from bench.harness.ports import free_port_block
 
 HEAL_RESET_TIMEOUT_S = 5.0
 
@@ -133,7 +129,7 @@ async def running_harness(
                 gateway,
                 client,
                 FaultInjector(client, procs, gateway),
-                ConvergenceChecker(client, gateway.url, token, addresses),
+                ConvergenceChecker(gateway.admin(client), addresses),
                 workdir,
             )
     finally:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench.harness import MODEL, RequestRecord, post_chat
+from bench.harness.fleet import MODEL
+from bench.harness.streaming import RequestRecord, post_chat
 from bench.workloads.chat import WORDS
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from bench.chaos.convergence import Convergence
 from bench.chaos.faults import FaultRecord
 from bench.chaos.sampler import Sample
-from bench.harness import RequestRecord
+from bench.harness.streaming import RequestRecord
 from bench.results_io import figure, percentile
 
 CONVERGENCE_TARGET_S = 5.0

@@ -28,7 +28,7 @@ from bench.chaos.report import (
     plot_timeline,
     table_rows,
 )
-from bench.harness import SimOptions
+from bench.harness.fleet import SimOptions
 from bench.results_io import add_output_arguments, print_table, write_json
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import httpx
 
-from bench.harness import GatewayProcess, open_fds, rss_bytes
+from bench.harness.gateway import GatewayProcess
+from bench.harness.processes import open_fds, rss_bytes
 
 _TASKS = re.compile(rb"^kvgate_process_asyncio_tasks (\S+)$", re.MULTILINE)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.harness import RequestRecord, post_chat
-from bench.workloads import ChatWorkload, Session
+from bench.harness.streaming import RequestRecord, post_chat
+from bench.workloads.chat import ChatWorkload, Session
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from bench.workloads import ChatWorkload, ChatWorkloadConfig, generate
+from bench.workloads.chat import ChatWorkload, ChatWorkloadConfig, generate
 
 BLOCK_SIZE = 16
 

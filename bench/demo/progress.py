@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TextIO
 
-from bench.harness import RequestRecord
+from bench.harness.streaming import RequestRecord
 
 _WIDTH = 30
 

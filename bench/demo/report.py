@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import RequestRecord
 from bench.harness.engine_stats import EngineCounters, engine_ttft_mean_s, hit_rate
-from bench.results_io import percentile
+from bench.harness.streaming import RequestRecord
+from bench.results_io import figure, have_matplotlib, log_axis, percentile, plot_cdf
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,39 +185,25 @@ def headline(base: RunSummary, best: RunSummary) -> str:
 
 
 def plot(path: Path, runs: Sequence[tuple[RunSummary, Sequence[RequestRecord]]]) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib import ticker
-    except ImportError:  # pragma: no cover - the `bench` extra is not installed
+    if not have_matplotlib():  # the `bench` extra is not installed
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure, (cdf, bars) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for summary, records in runs:
-        ttfts = sorted(summary.model(r.ttft_s) * 1e3 for r in records if r.ttft_s is not None)
-        if ttfts:
-            fractions = [(i + 1) / len(ttfts) for i in range(len(ttfts))]
-            cdf.plot(ttfts, fractions, label=summary.policy)
-    cdf.set_xscale("log")
-    cdf.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
-    cdf.xaxis.set_minor_formatter(ticker.NullFormatter())
-    cdf.set_xlabel("TTFT, model ms (log)")
-    cdf.set_ylabel("fraction of requests")
-    cdf.set_title("time to first token (CDF)")
-    cdf.grid(True, which="both", alpha=0.3)
-    cdf.legend()
-    names = [summary.policy for summary, _ in runs]
-    rates = [summary.hit_rate * 100 for summary, _ in runs]
-    bars.bar(names, rates, color=["tab:blue", "tab:orange"][: len(names)])
-    for index, rate in enumerate(rates):
-        bars.text(index, rate + 1, f"{rate:.0f}%", ha="center")
-    bars.set_ylim(0, 105)
-    bars.set_ylabel("prompt tokens served from cache, %")
-    bars.set_title("prompt-cache hit rate (engines)")
-    figure.suptitle("kvgate demo: round-robin vs prefix-cache routing")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    from matplotlib import ticker
+
+    with figure(path, 1, 2, figsize=(11, 4.5), dpi=110) as (fig, (cdf, bars)):
+        for summary, records in runs:
+            ttfts = [summary.model(r.ttft_s) * 1e3 for r in records if r.ttft_s is not None]
+            if ttfts:
+                plot_cdf(cdf, ttfts, summary.policy)
+        log_axis(cdf, "time to first token (CDF)", "TTFT, model ms (log)", "fraction of requests")
+        cdf.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
+        cdf.xaxis.set_minor_formatter(ticker.NullFormatter())
+        names = [summary.policy for summary, _ in runs]
+        rates = [summary.hit_rate * 100 for summary, _ in runs]
+        bars.bar(names, rates, color=["tab:blue", "tab:orange"][: len(names)])
+        for index, rate in enumerate(rates):
+            bars.text(index, rate + 1, f"{rate:.0f}%", ha="center")
+        bars.set_ylim(0, 105)
+        bars.set_ylabel("prompt tokens served from cache, %")
+        bars.set_title("prompt-cache hit rate (engines)")
+        fig.suptitle("kvgate demo: round-robin vs prefix-cache routing")
     return True

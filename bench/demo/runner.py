@@ -25,19 +25,14 @@ from bench.demo.loadgen import LoadSpec, run_load
 from bench.demo.plan import DemoPlan
 from bench.demo.progress import ProgressBar
 from bench.demo.report import RunSummary, format_table, headline, plot, summarize
-from bench.harness import (
-    AdminClient,
-    RequestRecord,
-    SimOptions,
-    SimProcess,
-    StartError,
-    serve_in_process,
-    write_pods_file,
-)
 from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
+from bench.harness.fleet import SimOptions, SimProcess, write_pods_file
+from bench.harness.gateway import AdminClient, serve_in_process
 from bench.harness.probe import LoopLagProbe
+from bench.harness.readiness import StartError
+from bench.harness.streaming import RequestRecord
 from bench.results_io import write_json
-from bench.workloads import ChatWorkload
+from bench.workloads.chat import ChatWorkload
 from gateway.settings import Settings
 
 POLICIES = ("round-robin", "prefix-cache")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -30,13 +30,14 @@ class EngineCounters:
     """Sum of the engine's own TTFTs (wall seconds from its queue to the first token)."""
     ttft_count: float = 0.0
 
+    def __add__(self, other: EngineCounters) -> EngineCounters:
+        return EngineCounters(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(self))
+        )
+
     def __sub__(self, other: EngineCounters) -> EngineCounters:
         return EngineCounters(
-            self.queries - other.queries,
-            self.hits - other.hits,
-            self.requests - other.requests,
-            self.ttft_sum_s - other.ttft_sum_s,
-            self.ttft_count - other.ttft_count,
+            *(getattr(self, f.name) - getattr(other, f.name) for f in fields(self))
         )
 
 

@@ -130,14 +130,18 @@ class AdminClient:
     """The gateway's admin API over one HTTP client."""
 
     def __init__(self, client: httpx.AsyncClient, gateway_url: str, token: str) -> None:
-        self._client = client
+        self.client = client
         self._url = gateway_url
         self.headers = {"authorization": f"Bearer {token}"}
 
-    async def pods(self) -> list[dict[str, Any]]:
-        response = await self._client.get(f"{self._url}/admin/pods", headers=self.headers)
+    async def get(self, path: str, **params: str) -> Any:
+        """GET an admin `path`; its JSON answer."""
+        response = await self.client.get(self._url + path, params=params, headers=self.headers)
         response.raise_for_status()
-        pods: list[dict[str, Any]] = response.json()["pods"]
+        return response.json()
+
+    async def pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = (await self.get("/admin/pods"))["pods"]
         return pods
 
     async def wait_whole(self, *, empty: bool = False, timeout_s: float = 30.0) -> None:

@@ -10,6 +10,7 @@ from typing import TypeVar
 import httpx
 
 from bench.harness.processes import ChildProcess
+from subscriber import Phase, SubscriberManager
 
 T = TypeVar("T")
 
@@ -34,6 +35,23 @@ async def eventually(
                 await asyncio.sleep(interval_s)
     except TimeoutError:
         raise TimeoutError(f"{what} not reached within {timeout_s} s") from None
+
+
+async def until(
+    check: Callable[[], object], what: str, timeout_s: float = 60.0, interval_s: float = 0.05
+) -> None:
+    """Until the synchronous `check()` is true; TimeoutError after `timeout_s`."""
+
+    async def test() -> bool:
+        return bool(check())
+
+    await eventually(test, what, timeout_s, interval_s)
+
+
+def subscriber_live(manager: SubscriberManager, pod: str) -> bool:
+    """Whether an in-process subscriber of `pod` is live and connected."""
+    status = manager.status(pod)
+    return status is not None and status.phase is Phase.LIVE and status.connected
 
 
 async def wait_http(

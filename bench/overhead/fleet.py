@@ -20,15 +20,15 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import (
-    ChildProcess,
+from bench.harness.fleet import (
     EngineEndpoint,
-    GatewayProcess,
     SimOptions,
     SimProcess,
     endpoints_of,
     write_pods_file,
 )
+from bench.harness.gateway import GatewayProcess
+from bench.harness.processes import ChildProcess
 from bench.routing.routers import make_router
 
 _START_TIMEOUT_S = 30.0
@@ -114,55 +114,57 @@ async def _start_peers(
     return urls
 
 
-@contextlib.asynccontextmanager
-async def running_fleet(
+def running_fleet(
     engines: int, workdir: Path, profile: Path | None, peers: Sequence[str] = ()
-) -> AsyncIterator[Fleet]:
-    """Engines, then a gateway (and `peers`) in front of them; every process is stopped on
-    the way out, also on errors and Ctrl-C."""
-    children: list[ChildProcess] = []
-    try:
-        log = workdir / "processes.log"
-        options = SimOptions(time_scale=1_000_000, max_batch=256, max_model_len=None)
-        for index in range(engines):
-            engine = SimProcess(options, log, name=f"bench-{index}", label=f"engine-{index}")
-            children.append(engine)
-            await engine.start(timeout_s=_START_TIMEOUT_S)
-        endpoints = endpoints_of([c for c in children if isinstance(c, SimProcess)])
-        pods_file = write_pods_file(workdir / "pods.json", endpoints)
-        gateway = GatewayProcess(pods_file, log, profile=profile)
-        children.append(gateway)
-        await gateway.start(_START_TIMEOUT_S)
-        relay_url = await _start_relay(endpoints[0].url, log, children)
-        peer_urls = await _start_peers(peers, pods_file, endpoints, workdir / "peers", children)
-        yield Fleet([e.url for e in endpoints], gateway.url, relay_url, children, peer_urls)
-    finally:
-        for child in reversed(children):
-            await child.stop(15.0)
+) -> contextlib.AbstractAsyncContextManager[Fleet]:
+    """Engines, then a gateway, a byte relay (and `peers`) in front of them."""
+    options = SimOptions(time_scale=1_000_000, max_batch=256, max_model_len=None)
+    log = workdir / "processes.log"
+    sims = [
+        SimProcess(options, log, name=f"bench-{i}", label=f"engine-{i}") for i in range(engines)
+    ]
+    return _fleet(workdir, "", sims, "gateway", profile, peers, relay=True)
 
 
-@contextlib.asynccontextmanager
-async def stream_fleet(
+def stream_fleet(
     workdir: Path, decode_ms: tuple[float, float], peers: Sequence[str] = ()
-) -> AsyncIterator[Fleet]:
+) -> contextlib.AbstractAsyncContextManager[Fleet]:
     """One engine at real time (`decode_ms`: the simulator's `--decode-ms-per-token` and
     `--decode-ms-per-seq`), a gateway (its default policy) and `peers` in front of it."""
-    children: list[ChildProcess] = []
+    per_token, per_seq = decode_ms
+    extra = ("--decode-ms-per-token", f"{per_token:g}", "--decode-ms-per-seq", f"{per_seq:g}")
+    options = SimOptions(max_batch=256, max_model_len=None, extra=extra)
+    sim = SimProcess(options, workdir / "stream-processes.log", name="stream-0", label="engine")
+    return _fleet(workdir, "stream-", [sim], "kvgate", None, peers, relay=False)
+
+
+@contextlib.asynccontextmanager
+async def _fleet(
+    workdir: Path,
+    prefix: str,
+    engines: list[SimProcess],
+    gateway_name: str,
+    profile: Path | None,
+    peers: Sequence[str],
+    *,
+    relay: bool,
+) -> AsyncIterator[Fleet]:
+    """`engines` started, then the rest; every process is stopped on the way out, also on
+    errors and Ctrl-C."""
+    children: list[ChildProcess] = list(engines)
+    log = workdir / f"{prefix}processes.log"
     try:
-        log = workdir / "stream-processes.log"
-        per_token, per_seq = decode_ms
-        extra = ("--decode-ms-per-token", f"{per_token:g}", "--decode-ms-per-seq", f"{per_seq:g}")
-        options = SimOptions(max_batch=256, max_model_len=None, extra=extra)
-        engine = SimProcess(options, log, name="stream-0", label="engine")
-        children.append(engine)
-        await engine.start(timeout_s=_START_TIMEOUT_S)
-        pods_file = write_pods_file(workdir / "stream-pods.json", engine.endpoints)
-        gateway = GatewayProcess(pods_file, log, name="kvgate")
+        for engine in engines:
+            await engine.start(timeout_s=_START_TIMEOUT_S)
+        endpoints = endpoints_of(engines)
+        pods_file = write_pods_file(workdir / f"{prefix}pods.json", endpoints)
+        gateway = GatewayProcess(pods_file, log, profile=profile, name=gateway_name)
         children.append(gateway)
         await gateway.start(_START_TIMEOUT_S)
-        peer_dir = workdir / "stream-peers"
-        peer_urls = await _start_peers(peers, pods_file, engine.endpoints, peer_dir, children)
-        yield Fleet([engine.endpoint.url], gateway.url, "", children, peer_urls)
+        relay_url = await _start_relay(endpoints[0].url, log, children) if relay else ""
+        peer_dir = workdir / f"{prefix}peers"
+        peer_urls = await _start_peers(peers, pods_file, endpoints, peer_dir, children)
+        yield Fleet([e.url for e in endpoints], gateway.url, relay_url, children, peer_urls)
     finally:
         for child in reversed(children):
             await child.stop(15.0)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness import MODEL
+from bench.harness.fleet import MODEL
 from bench.overhead.channels import ChannelFactory, Timing
 from bench.overhead.fleet import Fleet
 from bench.results_io import percentile

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.results_io import figure, print_table
+from bench.results_io import figure, log_axis, plot_cdf, print_table
 
 TARGETS = {
     "added_p50_ms_c1": ("<=", 1.0),
@@ -186,8 +186,8 @@ def plot(path: Path, samples: Samples, stream_samples: Samples, results: dict[st
         for index, title in enumerate((f"TTFT, {at_once}", f"inter-chunk delay, {at_once}")):
             axis = axes[2][index]
             for name, per_kind in stream_samples.items():
-                _cdf(axis, name, "-", per_kind[index])
-            _decorate(axis, title, "streams" if index == 0 else "gaps")
+                plot_cdf(axis, per_kind[index], name)
+            log_axis(axis, title, "ms", f"fraction of {'streams' if index == 0 else 'gaps'}")
         for axis, (key, title) in zip(axes.flat, panels.items(), strict=False):
             lines = [("direct", "-", samples[key][0]), ("via gateway", "-", samples[key][1])]
             if key == "c1":
@@ -195,27 +195,12 @@ def plot(path: Path, samples: Samples, stream_samples: Samples, results: dict[st
                 lines.append(("direct (relay run)", "--", direct_run))
                 lines.append(("via a byte relay", "--", relay))
             for label, style, values in lines:
-                _cdf(axis, label, style, values)
-            _decorate(axis, title, "requests")
+                plot_cdf(axis, values, label, style)
+            log_axis(axis, title, "ms", "fraction of requests")
         fig.suptitle(
             f"kvgate overhead (latency CDFs); max {results['max_rps_gateway']:,.0f} req/s via the "
             f"gateway, {results['max_rps_direct']:,.0f} direct"
         )
-
-
-def _cdf(axis: Any, label: str, style: str, values: list[float]) -> None:
-    ordered = sorted(values)
-    fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
-    axis.plot(ordered, fractions, style, label=label)
-
-
-def _decorate(axis: Any, title: str, what: str) -> None:
-    axis.set_xscale("log")
-    axis.set_xlabel("ms")
-    axis.set_ylabel(f"fraction of {what}")
-    axis.set_title(title)
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
 
 
 def print_profile(path: Path, top: int = 30) -> None:

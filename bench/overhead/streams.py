@@ -1,27 +1,16 @@
-"""The streaming phase: many concurrent long streams relayed chunk by chunk.
+"""The streaming phase: many concurrent long streams relayed chunk by chunk (set-up and
+figures: docs/benchmarks.md, "Many concurrent long streams").
 
-Chat completions of `tokens` tokens each go to one engine at real time (its inter-token gap
-is the simulator's decode step), directly, through kvgate (its default policy) and through
-each peer router, one target after another in an order that rotates every round. In a
-round, 2 × `streams` streams start at even intervals of one stream's expected duration /
-`streams`, so after a ramp `streams` of them run at once and each new one arrives while
-they run, at a random point of the engine's step. (Started all at once they would queue
-for the engine's prefills one by one, and a router that spreads their arrival over a few
-ms would move some into a later step: TTFT would then measure the engine's schedule.)
-Each stream opens a new connection (sglang-router stalls the first chunk of a stream sent
-on a kept-alive connection; the same for every target keeps them comparable).
+Streams start at even intervals rather than all at once: started together they would
+queue for the engine's prefills one by one, and a router that spreads their arrival over a
+few ms would move some into a later step, so TTFT would measure the engine's schedule.
+Each stream opens a new connection (sglang-router stalls the first chunk of a stream on a
+kept-alive one; the same for every target keeps them comparable).
 
-Per target: TTFT (request sent → first chunk carrying text), the gaps between consecutive
-text chunks of a stream, the text chunks counted and the completion tokens the
-engine reported (usage), and the CPU seconds of every process while the target's streams
-ran. A router's figures are its own minus direct (added TTFT, added inter-chunk p99) and its
-process's CPU per 1,000 relayed text chunks.
-
-TTFT percentiles carry the engine's schedule (a stream waits for the running decode step
-and for other streams' prefills, 0–60 ms here), so their differences move by a few ms from
-run to run. The engine also counts its own TTFT (arrival → first token, `/metrics`): the
-client's mean TTFT minus the engine's is the time spent outside it, and a router's minus
-direct's (`stream_added_ttft_outside_engine_mean_ms`) is what it adds, without that noise.
+TTFT percentiles carry the engine's schedule (0–60 ms here), so their differences move by
+a few ms between runs; the engine's own mean TTFT (`/metrics`) subtracted from the
+client's gives the time spent outside it, and a router's minus direct's
+(`stream_added_ttft_outside_engine_mean_ms`) what the router adds, without that noise.
 """
 
 from __future__ import annotations
@@ -30,13 +19,14 @@ import asyncio
 import itertools
 import time
 from collections import Counter
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from bench.harness import MODEL, ChatAnswer, EngineCounters, post_chat
-from bench.harness.engine_stats import parse_counters
+from bench.harness.engine_stats import EngineCounters, parse_counters
+from bench.harness.fleet import MODEL
+from bench.harness.streaming import ChatAnswer, post_chat
 from bench.overhead.fleet import Fleet
 from bench.results_io import percentile
 
@@ -175,7 +165,7 @@ async def stream_phase(plan: StreamPlan, fleet: Fleet) -> tuple[dict[str, Any], 
                 )  # fmt: skip
                 target.seconds += time.perf_counter() - started
                 counters = await _engine_counters(client, urls[DIRECT]) - counted
-                target.engine = _sum(target.engine, counters)
+                target.engine += counters
                 target.cpu_s.update({n: s - before[n] for n, s in fleet.cpu_by_process().items()})
                 serial += plan.per_round
     samples = {
@@ -189,10 +179,6 @@ async def _engine_counters(client: httpx.AsyncClient, engine_url: str) -> Engine
     response = await client.get(f"{engine_url}/metrics")
     response.raise_for_status()
     return parse_counters(response.text)
-
-
-def _sum(a: EngineCounters, b: EngineCounters) -> EngineCounters:
-    return EngineCounters(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(a)))
 
 
 def _ms(values: list[float], pct: float) -> float:

@@ -1,18 +1,12 @@
 """Several gateway replicas under load: what their decision-sharing channel costs, and
-`--kill-replica`: one replica killed under load and replaced, as a Deployment would
-replace a crashed pod.
+`--kill-replica`: one replica killed under load and replaced, as a Deployment replaces a
+crashed pod (its replacement on the same port bootstraps its index from a surviving
+replica). The load generator balances as a Service with readiness probes does.
 
-Once a third of the run's requests were answered (the replicas' own
-`kvgate_requests_total`), replica 0 gets SIGKILL; its replacement starts at once on the
-same port, with the same sync endpoints, bootstrapping its index from a surviving replica
-(`KVGATE_BOOTSTRAP_PEER`). The load generator balances as a Service with readiness probes
-does: a replica that fails to answer leaves the rotation until its `/ready` says 200.
-
-What it measures, from the client's records: requests lost on the killed replica (in
-flight or sent before the balancer noticed), requests that failed on the survivors
-(target 0), how long the replacement took to be ready, and how it routes — hit rate and
-TTFT p90 of its requests in the first 10 s after it was started and afterwards, beside
-the survivors' in the same windows (target: within 2 points and 10 % after 10 s).
+From the client's records: requests lost on the killed replica, requests failed on the
+survivors (target 0), how long the replacement took to be ready, and how it routes in its
+first `WINDOW_S` and afterwards beside the survivors (target: within 2 hit-rate points and
+10 % TTFT p90 after `WINDOW_S`).
 """
 
 from __future__ import annotations
@@ -25,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from bench.harness import RequestRecord, eventually, wait_http
+from bench.harness.readiness import eventually, wait_http
+from bench.harness.streaming import RequestRecord
 from bench.results_io import percentile
 from bench.routing.routers import RouterProcess
 

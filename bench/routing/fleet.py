@@ -1,17 +1,10 @@
 """The benchmark's engines: N simulated engines, each its own process, sized per workload.
 
-Sizing (issue 8): the engines' GPU caches together hold the workload's working set, but one
-engine holds at most a quarter of it, so no router can keep everything everywhere and
-where a conversation goes matters. With `engines` ≥ 4 each engine gets
-`slack × working set / engines` blocks, capped at a quarter of the working set; never less
-than two of the largest requests at once (the engine must be able to run them).
-
-`hetero`: the second half of the engines get every latency coefficient × the slowdown.
-
-Capacity: the rate the fleet could serve if every request found its reusable prefix cached
-(the previous turn's prompt, or the shared system prompt for a first turn), from the
-simulator's own latency model: prefill of the new tokens plus the request's share of full
-decode batches. `--load 0.8` means 80 % of that ideal capacity; a router that loses the
+Sizing: together the engines' caches hold the workload's working set, but one holds at
+most a quarter of it, so no router can keep everything everywhere and where a
+conversation goes matters (never less than two of the largest requests). Capacity is
+the rate the fleet could serve if every request found its reusable prefix cached, from the
+simulator's own latency model; `--load 0.8` is 80 % of it, so a router that loses the
 cache needs more engine time per request and saturates earlier.
 """
 
@@ -22,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from bench.harness import SimOptions, SimProcess
+from bench.harness.fleet import SimOptions, SimProcess
 from bench.routing.script import Script
 from simulator.latency import LatencyModel
 

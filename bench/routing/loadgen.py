@@ -2,19 +2,10 @@
 
 It rebuilds the script from the spec (same workload, size and seed: the same requests),
 sends them to the router as streamed chat completions and writes one record per request
-to OUT (JSON). Two modes:
-
-- `open`: every request at its fixed time from `script.schedule` (conversations start at
-  Poisson times, `rate / mean turns` per model second; a turn follows the previous one
-  after a nominal answer time plus the think time), so requests arrive at `rate` per model
-  second whatever the router does: a slow router builds a queue, it does not slow the
-  arrivals down.
-- `closed`: `concurrency` users, each running conversations back to back (turns still wait
-  for the answer and the think time).
-
-Times in the spec and the script are model seconds; the generator divides them by the
-time scale. TTFT is taken at the first chunk carrying generated text; ITL is the mean gap
-between a request's later chunks.
+to OUT (JSON). `open`: every request at its time from `script.schedule`, so a slow router
+builds a queue rather than slowing the arrivals down; `closed`: `concurrency` users, each
+running conversations back to back. Spec and script times are model seconds, divided here
+by the time scale.
 """
 
 from __future__ import annotations
@@ -29,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness import RequestRecord, post_chat
+from bench.harness.streaming import RequestRecord, post_chat
 from bench.routing.script import Conversation, Script, schedule
 from bench.routing.workloads import WorkloadSize, build
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.results_io import figure
+from bench.results_io import figure, log_axis, plot_cdf
 from bench.routing.summary import RunResult
 
 ORACLE = "oracle"
@@ -176,13 +176,10 @@ def _plot_predictions(
                 )
                 high = max(high, *observed, *predicted)
             axis.plot([1, high], [1, high], color="black", linewidth=0.8, linestyle="--")
-            axis.set_xscale("log")
             axis.set_yscale("log")
-            axis.set_xlabel("predicted TTFT, model ms (log)")
-            axis.set_ylabel("observed TTFT, model ms (log)")
-            axis.set_title(f"{workload}: observed vs predicted TTFT")
-            axis.grid(True, which="both", alpha=0.3)
-            axis.legend(fontsize=8, markerscale=3)
+            title = f"{workload}: observed vs predicted TTFT"
+            xlabel, ylabel = "predicted TTFT, model ms (log)", "observed TTFT, model ms (log)"
+            log_axis(axis, title, xlabel, ylabel, fontsize=8, markerscale=3)
     return path
 
 
@@ -207,18 +204,11 @@ def _plot_cdf(path: Path, results: Sequence[RunResult], ttfts: dict[str, list[fl
             loads = sorted({r.load or 0.0 for r in results if r.workload == workload})
             shown = min(loads, key=lambda x: abs(x - 0.8))  # the headline load
             for r in results:
-                values = sorted(ttfts.get(_key(r), []))
-                if r.workload != workload or (r.load or 0.0) != shown or not values:
-                    continue
-                axis.plot(
-                    values, [(i + 1) / len(values) for i in range(len(values))], label=r.label
-                )
-            axis.set_xscale("log")
-            axis.set_xlabel("TTFT, model ms (log)")
-            axis.set_ylabel("fraction of requests")
-            axis.set_title(f"{workload}: TTFT CDF at load {shown:.0%}")
-            axis.grid(True, which="both", alpha=0.3)
-            axis.legend(fontsize=8)
+                values = ttfts.get(_key(r), [])
+                if r.workload == workload and (r.load or 0.0) == shown and values:
+                    plot_cdf(axis, values, r.label)
+            title = f"{workload}: TTFT CDF at load {shown:.0%}"
+            log_axis(axis, title, "TTFT, model ms (log)", "fraction of requests", fontsize=8)
     return path
 
 

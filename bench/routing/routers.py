@@ -1,23 +1,16 @@
 """The routers under test, each started as its own process on a free loopback port.
 
-- `prefix-cache`, `least-request`, `round-robin`, `random`: `kvgate serve --policy NAME`
-  (a fresh gateway per run, so no index or session state leaks from the previous router);
-  ready when every KV-event subscriber is live and whole.
-- `oracle`: `python -m bench.routing.oracle` (see oracle.py); `sticky-rr`:
-  `python -m bench.routing.sticky_rr` (first turns round-robin, each conversation kept on
-  its first engine: the simplest cache-friendly client).
+- kvgate's policies: `kvgate serve --policy NAME`, a fresh gateway per run (no index or
+  session state leaks from the previous router), ready when every subscriber is whole.
+- `oracle` and `sticky-rr` (oracle.py, sticky_rr.py): benchmark-only baselines.
 - `sglang-router`, `vllm-router` (`--peers`): the PyPI packages in their own venvs under
-  `bench/.venvs/NAME` (created on first use with pip), both with `--policy cache_aware`.
-  `HF_HUB_OFFLINE=1`: sglang-router tries to load the tokenizer named by the worker's
-  `/model_info` (`sim-model`), which is not on any hub; offline, it gives up at once.
-- `vllm-router-kv-aware` (also `--peers`): vllm-router (same venv) with `--policy kv_aware`,
-  fed by every engine's KV events (`--kv-event-source URL=tcp://…`, replay sources,
-  `--kv-event-model`, `--kv-event-block-size 16`). It tokenizes nothing itself: it renders
-  each request on the workers' `/v1/chat/completions/render` and keys its index by its own
-  hashes of the events' `token_ids` (the engines' hashes only chain parents and name
-  removals). Its static sources take no topic and it reads only vLLM's default topic '',
-  so a run that includes it starts vLLM-like engines (`FleetPlan.vllm_like`: topic '',
-  sha256_cbor hashes), which kvgate's routers and the oracle follow as well.
+  `bench/.venvs/NAME`, with `--policy cache_aware`. `HF_HUB_OFFLINE=1`: sglang-router
+  tries to load the tokenizer the worker's `/model_info` names (`sim-model`), on no hub.
+- `vllm-router-kv-aware`: vllm-router with `--policy kv_aware`, fed by every engine's KV
+  events. It renders each request on the workers and keys its index by its own hashes of
+  the events' token ids; its static sources take no topic and it reads only vLLM's
+  default topic '', so a run including it starts vLLM-like engines
+  (`FleetPlan.vllm_like`), which the other routers follow as well.
 """
 
 from __future__ import annotations
@@ -31,14 +24,11 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import (
-    AdminClient,
-    ChildProcess,
-    EngineEndpoint,
-    free_port_block,
-    serve_command,
-    wait_http,
-)
+from bench.harness.fleet import EngineEndpoint
+from bench.harness.gateway import AdminClient, serve_command
+from bench.harness.ports import free_port_block
+from bench.harness.processes import ChildProcess
+from bench.harness.readiness import wait_http
 
 KVGATE_POLICIES = (
     "prefix-cache", "least-request", "round-robin", "random", "prefix-share", "predicted-latency"

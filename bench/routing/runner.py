@@ -22,15 +22,10 @@ from typing import Any
 
 import httpx
 
-from bench.harness import (
-    ChildProcess,
-    RequestRecord,
-    SimProcess,
-    endpoints_of,
-    start_all,
-    write_pods_file,
-)
 from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
+from bench.harness.fleet import SimProcess, endpoints_of, start_all, write_pods_file
+from bench.harness.processes import ChildProcess
+from bench.harness.streaming import RequestRecord
 from bench.results_io import write_json
 from bench.routing.failover import (
     ReplicaKill,

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.harness import RequestRecord
 from bench.harness.engine_stats import EngineCounters, hit_rate
+from bench.harness.streaming import RequestRecord
 from bench.results_io import percentile
 
 

@@ -1,26 +1,14 @@
-"""The routing benchmark's four workloads, each a documented generator of a `Script`.
+"""The routing benchmark's workloads, each a deterministic generator of a `Script` (one
+`random.Random` per workload, seeded from `seed`; words the simulated tokenizer holds as
+single tokens, so words ≈ tokens). What each one tests:
 
-All are deterministic: one `random.Random` per workload, seeded from `seed`; the same
-arguments give the same script, byte for byte. Text is made of common English words that
-the simulated tokenizer holds as single tokens, so words ≈ tokens.
-
-(a) `chat`: multi-turn chat sessions over a few large shared system prompts (the demo's
-    generator, `bench/workloads/chat.py`: log-normal user messages and answers, exponential
-    think times), with the assistant's answers written into the history.
-(b) `agent`: agentic loops. A few large tool-spec system prompts, a task, then many short
-    steps: a short assistant tool call, then the tool's output (log-normal, heavy tail)
-    appended to the context, with a short tool-execution pause between steps.
-(c) `vip-flood`: a few long multi-turn VIP conversations on one shared system prompt,
-    mixed with a flood of one-shot requests with unique prompts (nothing to share), in a
-    shuffled order: affinity must keep the VIP contexts warm while the flood churns caches.
-(d) `unique`: one-shot requests with unique prompts, no sharing at all: routing on the
-    prefix cannot win anything, and must cost nothing either.
-(e) `hetero`: the `chat` script on a mixed fleet: half the engines are `HETERO_SLOWDOWN`×
-    slower at prefill and decode (an older GPU, or other engine settings): a router must
-    send them less.
-(f) `one-prompt`: chat conversations that all share ONE system prompt; meant for small
-    fleets (`--engines 2`), where a router that follows the shared prefix alone piles
-    everything onto one engine.
+`chat` (the demo's generator, answers written into the history): whether affinity keeps
+growing conversations warm; `agent`: long loops of short steps appending tool output;
+`vip-flood`: whether affinity keeps VIP contexts warm while unique one-shots churn the
+caches; `unique`: nothing to share, so prefix routing must cost nothing; `hetero`: the
+chat script on a fleet whose slow half a router must send less; `one-prompt`: one shared
+system prompt on a small fleet, where following the prefix alone piles everything onto
+one engine.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +46,14 @@ class BenchConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchConfig:
-        config = cls(
-            engines=args.engines,
-            seconds=args.seconds or (2.0 if args.quick else 8.0),
-            batches=args.batches or (1000 if args.quick else 3000),
-            gap_rounds=args.gap_rounds or (5 if args.quick else 10),
-            gap_batches=args.gap_batches,
-            overrun_buffer=args.overrun_buffer,
-            gpu_blocks=args.gpu_blocks,
-            requests_per_batch=args.requests_per_batch,
-            seed=args.seed,
-            quick=bool(args.quick),
+        quick = bool(args.quick)
+        config = cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        config = replace(
+            config,
+            seconds=config.seconds or (2.0 if quick else 8.0),
+            batches=config.batches or (1000 if quick else 3000),
+            gap_rounds=config.gap_rounds or (5 if quick else 10),
+            quick=quick,
         )
         for name in ("engines", "batches", "gap_rounds", "gap_batches", "overrun_buffer"):
             value = getattr(config, name)
@@ -66,52 +63,28 @@ class BenchConfig:
 
     def publisher_specs(self) -> list[PublisherSpec]:
         """The fleet's engines, then the overrun engine (a replay buffer shorter than a gap)."""
-        specs = [
-            PublisherSpec(
-                f"engine-{i}", self.seed + i, self.gpu_blocks, 10_000, self.requests_per_batch
-            )
-            for i in range(self.engines)
+        names = [f"engine-{i}" for i in range(self.engines)] + ["engine-overrun"]
+        buffers = [10_000] * self.engines + [self.overrun_buffer]
+        return [
+            PublisherSpec(name, self.seed + i, self.gpu_blocks, buffer, self.requests_per_batch)
+            for i, (name, buffer) in enumerate(zip(names, buffers, strict=True))
         ]
-        overrun = PublisherSpec(
-            "engine-overrun",
-            self.seed + self.engines,
-            self.gpu_blocks,
-            self.overrun_buffer,
-            self.requests_per_batch,
-        )
-        return [*specs, overrun]
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="a short run (< 30 s)")
-    parser.add_argument("--engines", type=int, default=4, help="publisher processes (default 4)")
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        default=None,
-        help="live phase: seconds of stepping the cache and publishing (default 8; quick 2)",
-    )
-    parser.add_argument(
-        "--batches",
-        type=int,
-        default=None,
-        help="burst phase: batches per engine, prepared then sent back to back "
-        "(default 3000; quick 1000)",
-    )
-    parser.add_argument(
-        "--gap-rounds", type=int, default=None, help="gap recoveries timed (default 10; quick 5)"
-    )
-    parser.add_argument("--gap-batches", type=int, default=20, help="batches dropped per gap")
-    parser.add_argument(
-        "--overrun-buffer", type=int, default=8, help="replay buffer of the overrun engine"
-    )
-    parser.add_argument(
-        "--gpu-blocks", type=int, default=2048, help="KV blocks per engine (the sim's default)"
-    )
-    parser.add_argument(
-        "--requests-per-batch", type=int, default=2, help="requests served per engine step"
-    )
-    parser.add_argument("--seed", type=int, default=7, help="workload seed")
+    add = parser.add_argument
+    add("--quick", action="store_true", help="a short run (< 30 s)")
+    add("--engines", type=int, default=4, help="publisher processes (default 4)")
+    live_help = "live phase: seconds of stepping the cache and publishing (default 8; quick 2)"
+    add("--seconds", type=float, default=None, help=live_help)
+    burst_help = "burst phase: batches per engine, prepared then sent back to back "
+    add("--batches", type=int, default=None, help=burst_help + "(default 3000; quick 1000)")
+    add("--gap-rounds", type=int, default=None, help="gap recoveries timed (default 10; quick 5)")
+    add("--gap-batches", type=int, default=20, help="batches dropped per gap")
+    add("--overrun-buffer", type=int, default=8, help="replay buffer of the overrun engine")
+    add("--gpu-blocks", type=int, default=2048, help="KV blocks per engine (the sim's default)")
+    add("--requests-per-batch", type=int, default=2, help="requests served per engine step")
+    add("--seed", type=int, default=7, help="workload seed")
     add_output_arguments(parser, "subscriber")
 
 

@@ -8,42 +8,19 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from collections import Counter
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import zmq.asyncio
 
-from bench.harness import ChildProcess
+from bench.harness.processes import ChildProcess
 from bench.subscriber_load.workload import MODEL, TOPIC, PublisherSpec, Workload
 from simulator.publisher import EventPublisher
 from subscriber import PodEndpoint
 
 CATCH_UP_TIMEOUT_S = 120.0
-
-
-@dataclass(slots=True)
-class _Sent:
-    """What an engine published: batches, events and block hashes (stored + removed)."""
-
-    batches: int = 0
-    events: int = 0
-    blocks: int = 0
-
-    def add(self, events: int, blocks: int) -> None:
-        self.batches += 1
-        self.events += events
-        self.blocks += blocks
-
-    def copy(self) -> _Sent:
-        return _Sent(self.batches, self.events, self.blocks)
-
-    def since(self, before: _Sent) -> dict[str, int]:
-        return {
-            "batches": self.batches - before.batches,
-            "events": self.events - before.events,
-            "blocks": self.blocks - before.blocks,
-        }
 
 
 class _Engine:
@@ -59,7 +36,7 @@ class _Engine:
     def __init__(self, workload: Workload, publisher: EventPublisher) -> None:
         self._workload = workload
         self._publisher = publisher
-        self._sent = _Sent()
+        self._sent: Counter[str] = Counter()  # batches, events, block hashes published
         self._pool: list[tuple[bytes, int, int]] = []
 
     async def handle(self, command: tuple[Any, ...]) -> dict[str, Any]:
@@ -78,7 +55,7 @@ class _Engine:
 
     async def _send(self, payload: bytes, events: int, blocks: int, *, drop: bool = False) -> int:
         seq = await self._publisher.publish(payload, drop=drop)
-        self._sent.add(events, blocks)
+        self._sent.update(batches=1, events=events, blocks=blocks)
         return seq
 
     async def _live(self, seconds: float) -> dict[str, Any]:
@@ -113,9 +90,9 @@ class _Engine:
         seq = await self._send(*batch)
         return {"seq": seq, "sent_at": sent_at}
 
-    def _report(self, before: _Sent, started: float) -> dict[str, Any]:
+    def _report(self, before: Counter[str], started: float) -> dict[str, Any]:
         return {
-            **self._sent.since(before),
+            **{key: self._sent[key] - before[key] for key in ("batches", "events", "blocks")},
             "started_at": started,
             "ended_at": time.monotonic(),
             "last_seq": self._publisher.next_seq - 1,

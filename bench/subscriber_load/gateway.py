@@ -3,12 +3,13 @@ and a probe of the event loop's stalls."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from bench.harness.probe import LoopLagProbe
+from bench.harness.readiness import subscriber_live, until
 from bench.subscriber_load.engines import CATCH_UP_TIMEOUT_S
 from indexer import SyncPrefixHashTable
 from subscriber import IndexSink, KVEventBatch, Phase, SubscriberManager
@@ -119,24 +120,16 @@ class Gateway:
 
     async def wait_seq(self, pod: str, seq: int, timeout_s: float = CATCH_UP_TIMEOUT_S) -> None:
         """Until the pod's subscriber has applied `seq` and is live again."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+
+        def reached() -> bool:
             status = self.manager.status(pod)
-            if status is not None and status.last_seq == seq and status.phase is Phase.LIVE:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{pod} did not reach seq {seq}: {status}")
-            await asyncio.sleep(0.0005)
+            return status is not None and status.last_seq == seq and status.phase is Phase.LIVE
+
+        await until(reached, f"{pod} at seq {seq}", timeout_s, 0.0005)
 
     async def wait_live(self, pod: str) -> None:
-        deadline = time.monotonic() + 30
-        while True:
-            status = self.manager.status(pod)
-            if status is not None and status.phase is Phase.LIVE and status.connected:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the subscriber of {pod} is not live: {status}")
-            await asyncio.sleep(0.01)
+        live = functools.partial(subscriber_live, self.manager, pod)
+        await until(live, f"the subscriber of {pod} live", 30.0, 0.01)
 
     def mark(self, label: str) -> None:
         self.phases.append((time.monotonic() - self.t0, label))

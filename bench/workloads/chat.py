@@ -1,22 +1,10 @@
 """Multi-turn chat sessions sharing a few large system prompts (deterministic per seed).
 
-Shape of the workload (what makes prefix-aware routing matter):
-
-- `system_prompts` long system prompts (`system_words` words each), every session uses one
-  of them, so sessions share a large common prefix;
-- every session is a conversation of `turns` turns; turn k sends the system prompt, every
-  earlier user message and answer, and a new user message: the prompt of turn k extends the
-  prompt of turn k-1 (plus that turn's answer), so the per-session prefix keeps growing;
-- user message lengths are log-normal (median `user_words_median`, heavy tail cut at
-  `user_words_max`), like the prompts of public chat traces; answer lengths (the
-  `max_tokens` asked for) are log-normal too;
-- think times between turns are exponential with mean `think_s_mean` (model seconds), and
-  sessions start spread uniformly over `start_spread_s`, so requests do not arrive in lock
-  step.
-
-Text is made of common English words (one token each for kvgate's simulated tokenizer), so
-`words` is a good estimate of tokens. Everything is drawn from one `random.Random(seed)`:
-the same config gives the same workload, byte for byte.
+What makes prefix-aware routing matter: sessions share long system prompts, and turn k's
+prompt extends turn k-1's (plus its answer), so each session's prefix keeps growing. User
+messages and answers are log-normal (as in public chat traces), think times exponential
+and starts spread, so requests do not arrive in lock step. Words are single tokens for
+kvgate's simulated tokenizer, so words ≈ tokens.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The pin-depth benchmark's traffic (seed 001's V5 shape, generated locally).
+"""The pin-depth benchmark's traffic (seed 001's V5 shape, generated locally; docs/pinning.md).
 
-- The VIP conversation: one session with a large system prompt and long turns (messages
-  alternate user / assistant, the assistant text is part of the dataset, as in a replayed
-  history). At depth D the warm-up sends the system prompt and messages 0..D, the
-  measurement messages 0..D+1.
-- The flood: many multi-turn sessions with their own (smaller) system prompts; request j is
-  turn `j // sessions` of session `j % sessions`, so consecutive requests interleave the
-  sessions like a concurrent load generator.
-
-Text is common English words (one token each for the simulated tokenizer), drawn from
-`random.Random(seed)`: the same config gives the same traffic, byte for byte.
+Request j of the flood is turn `j // sessions` of session `j % sessions`, so consecutive
+requests interleave the sessions like a concurrent load generator. Every text starts with
+a unique tag, so two texts never share a prefix by chance; the same config gives the same
+traffic, byte for byte.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import zmq.asyncio
 
-from bench.harness import EngineEndpoint
+from bench.harness.fleet import EngineEndpoint
 from bench.routing.fleet import capacity_rps, plan_fleet
 from bench.routing.loadgen import LoadSpec
 from bench.routing.oracle import Engine, Oracle

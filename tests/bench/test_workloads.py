@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from bench.workloads import ChatWorkloadConfig, generate
+from bench.workloads.chat import ChatWorkloadConfig, generate
 
 SMALL = ChatWorkloadConfig(sessions=6, turns=4, system_prompts=2, system_words=64, seed=7)
 

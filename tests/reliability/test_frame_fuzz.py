@@ -28,9 +28,11 @@ async def test_fuzzed_frames_change_nothing_but_what_valid_batches_say() -> None
         assert outcome.frames == FRAMES
         assert outcome.index_equal, f"{outcome.pod}: index differs from the valid-only truth"
         assert outcome.index_blocks > 0
-        assert outcome.rejected == dict(outcome.expected_rejects)
-        assert sum(outcome.rejected.values()) > FRAMES // 5
-        assert len(outcome.rejected) >= 4, outcome.rejected  # several kinds of bad frame
+        assert outcome.rejected_by_reason == dict(outcome.rejected_expected)
+        assert sum(outcome.rejected_by_reason.values()) > FRAMES // 5
+        assert len(outcome.rejected_by_reason) >= 4, (
+            outcome.rejected_by_reason
+        )  # several kinds of bad frame
         kinds = outcome.fuzz_by_outcome
         # decodable impostors of each seq class were sent and settled
         assert kinds["decodable_next"] and kinds["decodable_stale"] and kinds["decodable_random"]
@@ -81,4 +83,4 @@ async def test_a_gateway_counts_fuzzed_frames_and_indexes_only_valid_batches(
             for sample in family.samples:
                 if sample.labels.get("pod") == "fz" and sample.name.endswith("_total"):
                     exported[sample.labels["reason"]] = sample.value
-    assert exported == {reason: float(n) for reason, n in outcome.expected_rejects.items()}
+    assert exported == {reason: float(n) for reason, n in outcome.rejected_expected.items()}
