@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
-from itertools import repeat
 
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
@@ -220,27 +219,11 @@ def match_prefix(
     if store is None or alive == 0 or not total:
         return MatchResult(total, MatchedBlocks(bits, (), by_bit), bits)
     store.last_access = now
-    get = store.held.get
-    ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
-    matched = 0
-    for gw_hash in prefix_hashes:
-        mask = get(gw_hash)
-        if mask is None:
-            break
-        still = mask & alive
-        if still != alive:
-            if not still:
-                break
-            ends.append((matched, alive ^ still))
-            alive = still
-        matched += 1
-    ends.append((matched, alive))
-    held = prefix_hashes[:matched]
-    store.access.update(zip(held, repeat(now)))
+    ends = store.walk(prefix_hashes, alive, now)
     tiered: list[tuple[int, tuple[int, ...]]] = []
     off_gpu = 0
     tiers = store.tiers
-    if tiers and not tiers.keys().isdisjoint(held):
+    if tiers and not tiers.keys().isdisjoint(held := prefix_hashes[: ends[-1][0]]):
         for index, gw_hash in enumerate(held):
             block_masks = tiers.get(gw_hash)
             if block_masks is not None:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 
 from indexer import pod_views
-from indexer.block import PrefixStore
+from indexer.block import CompiledStore, PrefixStore
 from indexer.config import IndexConfig
 from indexer.eviction import Evictor
 from indexer.expected import ExpectedEntries
@@ -30,7 +31,8 @@ from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
 from indexer.ingest import Ingest
 from indexer.match import IndexStats, MatchResult, match_prefix
-from indexer.pod import IndexedPod
+from indexer.native import BlockMap, load_native
+from indexer.pod import IndexedPod, Target
 from indexer.snapshot import PodIndexState
 from indexer.types import (
     EngineHash,
@@ -58,7 +60,10 @@ class SyncPrefixHashTable:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or IndexConfig()
-        self.hasher = PrefixHasher(self.config.block_size, self.config.hash_seed)
+        native = self._native = load_native(self.config.pure_python)
+        self.hasher = PrefixHasher(
+            self.config.block_size, self.config.hash_seed, pure_python=native is None
+        )
         limits = self._limits = self.config.limits
         self._clock = clock
         self._stores: dict[ModelContext, PrefixStore] = {}
@@ -73,8 +78,14 @@ class SyncPrefixHashTable:
         whenever a pod's bit changes, so a match does not rebuild it for every request."""
         self._holdings = Holdings(self._by_bit)
         self._expected = ExpectedEntries(self._pods, self._holdings, limits.max_expected_per_pod)
+        new_store: Callable[[ModelContext, float], PrefixStore] = PrefixStore
+        new_map: Callable[[], BlockMap[EngineHash, Target]] = dict[EngineHash, Target]
+        if native is not None:
+            new_store = partial(CompiledStore, native=native)
+            new_map = native.map_type
+        self._new_map = new_map
         self._evictor = Evictor(
-            limits, self._stores, self._pods, self._holdings, self._expected, clock()
+            limits, new_store, self._stores, self._pods, self._holdings, self._expected, clock()
         )
         self._ingest = Ingest(self.hasher, limits, self._holdings, self._evictor)
 
@@ -108,6 +119,7 @@ class SyncPrefixHashTable:
             model,
             publishes_events=publishes_events,
             lora_names=lora_names or {},
+            new_map=self._new_map,
         )
         self._pods[pod] = state
         self._by_bit[state.bit] = state
@@ -124,6 +136,11 @@ class SyncPrefixHashTable:
         del self._by_bit[state.bit]
         self._candidates.clear()
         heapq.heappush(self._free_bits, state.bit.bit_length() - 1)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this table runs on the compiled primitives (else pure Python)."""
+        return self._native is not None
 
     def pods(self) -> list[str]:
         return list(self._pods)
