@@ -1205,12 +1205,60 @@ done:
     return ends;
 }
 
+/* spread_ends(table, names, ends) -> bool
+ *
+ * MatchedBlocks.table's loop: for each (length, mask) of a walk's ends with length > 0,
+ * table[names[i]] = length for every bit i of mask. False (and nothing written) when a
+ * mask does not fit in 64 bits or names a bit past `names`: the caller then loops in
+ * Python. */
+static PyObject *native_spread_ends(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "spread_ends(table: dict, names: list, ends: list)");
+        return NULL;
+    }
+    PyObject *table = args[0], *names = args[1], *ends = args[2];
+    Py_ssize_t count = PyList_GET_SIZE(names);
+    uint64_t known = count >= 64 ? ~0ULL : ((1ULL << count) - 1);
+    for (Py_ssize_t e = 0; e < PyList_GET_SIZE(ends); e++) {
+        PyObject *end = PyList_GET_ITEM(ends, e);
+        uint64_t mask;
+        if (!PyTuple_Check(end) || PyTuple_GET_SIZE(end) != 2 ||
+            !as_u64(PyTuple_GET_ITEM(end, 1), &mask) || (mask & ~known)) {
+            Py_RETURN_FALSE;
+        }
+    }
+    for (Py_ssize_t e = 0; e < PyList_GET_SIZE(ends); e++) {
+        PyObject *end = PyList_GET_ITEM(ends, e);
+        PyObject *length = PyTuple_GET_ITEM(end, 0);
+        int empty = PyObject_Not(length);
+        if (empty < 0) {
+            return NULL;
+        }
+        if (empty) {
+            continue;
+        }
+        uint64_t mask;
+        as_u64(PyTuple_GET_ITEM(end, 1), &mask);
+        while (mask) {
+            int bit = __builtin_ctzll(mask);
+            mask &= mask - 1;
+            PyObject *name = PyList_GET_ITEM(names, bit);
+            if (name != Py_None && PyDict_SetItem(table, name, length) < 0) {
+                return NULL;
+            }
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
 /* -- module --------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
     {"xxh64", (PyCFunction)(void (*)(void))native_xxh64, METH_FASTCALL, NULL},
     {"chain", (PyCFunction)(void (*)(void))native_chain, METH_FASTCALL, NULL},
     {"match_walk", (PyCFunction)(void (*)(void))native_match_walk, METH_FASTCALL, NULL},
+    {"spread_ends", (PyCFunction)(void (*)(void))native_spread_ends, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,6 +12,9 @@ def chain(parent: int, token_ids: Sequence[int], block_size: int, /) -> list[int
 def match_walk(
     held: U64Map[int, int], prefix_hashes: Sequence[int], alive: int, now: float, /
 ) -> list[tuple[int, int]] | None: ...
+def spread_ends(
+    table: dict[str, int], names: list[str | None], ends: list[tuple[int, int]], /
+) -> bool: ...
 
 class U64Map(Generic[_K, _V]):
     """An insertion-ordered mapping storing unsigned 64-bit int keys and values unboxed."""

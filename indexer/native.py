@@ -73,6 +73,9 @@ class Native:
     ]
     """The walk of `match_prefix` over a compiled map (None: masks wider than 64 bits)."""
     map_type: type[U64Map[Any, Any]]
+    spread_ends: Callable[[dict[str, int], list[str | None], list[tuple[int, int]]], bool]
+    """`MatchedBlocks.table`'s loop over the set bits of the walk's ends (False: masks
+    wider than 64 bits)."""
 
 
 def pure_python_forced(environ: Mapping[str, str] | None = None) -> bool:
@@ -93,4 +96,9 @@ def load_native(pure: bool | None = None) -> Native | None:
         from indexer import _native
     except ImportError:
         return None
-    return Native(chain=_native.chain, match_walk=_native.match_walk, map_type=_native.U64Map)
+    return Native(
+        chain=_native.chain,
+        match_walk=_native.match_walk,
+        map_type=_native.U64Map,
+        spread_ends=_native.spread_ends,
+    )

@@ -30,7 +30,7 @@ from indexer.expected import ExpectedEntries
 from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
 from indexer.ingest import Ingest
-from indexer.match import IndexStats, MatchResult, match_prefix
+from indexer.match import Candidates, IndexStats, MatchResult, match_prefix
 from indexer.native import BlockMap, load_native
 from indexer.pod import IndexedPod, Target
 from indexer.snapshot import PodIndexState
@@ -41,9 +41,6 @@ from indexer.types import (
     Tier,
     UnknownPodError,
 )
-
-_Candidates = tuple[dict[str, int], dict[int, str], int]
-"""A candidate list's (name -> pod bit, bit -> name for the known pods, OR of the bits)."""
 
 _CANDIDATE_LISTS = 256
 """Distinct candidate lists remembered by `match` (a fleet has a handful: per model, per
@@ -72,10 +69,9 @@ class SyncPrefixHashTable:
         self._free_bits: list[int] = []
         self._next_bit_index = 0
         self._epochs = 0  # source of IndexedPod.epoch: bumped on every registration and clear
-        self._candidates: dict[tuple[str, ...], _Candidates] = {}
-        """Candidate lists seen by `match` -> (name -> pod bit, bit -> name, OR of the
-        bits); emptied
-        whenever a pod's bit changes, so a match does not rebuild it for every request."""
+        self._candidates: dict[tuple[str, ...], Candidates] = {}
+        """Candidate lists seen by `match`, resolved; emptied whenever a pod's bit changes,
+        so a match does not rebuild them for every request."""
         self._holdings = Holdings(self._by_bit)
         self._expected = ExpectedEntries(self._pods, self._holdings, limits.max_expected_per_pod)
         new_store: Callable[[ModelContext, float], PrefixStore] = PrefixStore
@@ -242,8 +238,7 @@ class SyncPrefixHashTable:
         found = self._candidates.get(key)
         if found is None:
             found = self._candidate_bits(key)
-        bits, by_bit, alive = found
-        return match_prefix(self._stores.get(context), bits, by_bit, alive, prefix_hashes, now)
+        return match_prefix(self._stores.get(context), found, prefix_hashes, now)
 
     def dump(self, pod: str) -> set[EngineHash]:
         """Engine hashes the index believes `pod` holds, in any tier."""
@@ -342,16 +337,14 @@ class SyncPrefixHashTable:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _candidate_bits(self, names: tuple[str, ...]) -> _Candidates:
+    def _candidate_bits(self, names: tuple[str, ...]) -> Candidates:
         pods = self._pods
         bits = {name: pods[name].bit if name in pods else 0 for name in names}
-        by_bit = {bit: name for name, bit in bits.items() if bit}
-        alive = 0
-        for bit in by_bit:
-            alive |= bit
+        native = self._native
+        found = Candidates(bits, None if native is None else native.spread_ends)
         if len(self._candidates) >= _CANDIDATE_LISTS:
             self._candidates.clear()
-        self._candidates[names] = found = (bits, by_bit, alive)
+        self._candidates[names] = found
         return found
 
     def _state(self, pod: str) -> IndexedPod:
