@@ -11,6 +11,7 @@ import heapq
 import random
 import shutil
 import sysconfig
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,6 +39,8 @@ def test_the_extension_is_built_wherever_a_c_compiler_is() -> None:
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         pytest.skip(f"no C compiler ({compiler}) on this machine: the pure path is the one")
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no Python headers on this machine: the pure path is the one")
     assert NATIVE is not None, "indexer._native failed to build: re-run scripts/bootstrap.sh"
 
 
