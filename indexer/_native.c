@@ -144,6 +144,12 @@ static inline int as_u64(PyObject *o, uint64_t *out) {
 
 /* -- chained block hashing ------------------------------------------------------------ */
 
+#define TOKEN_RANGE "token ids must be integers in [0, 2**32)"
+
+/* A token id as array('I') reads it (the pure path packs the tokens with it, so both
+ * paths take the same inputs): what array('I') refuses with TypeError or OverflowError
+ * becomes the ValueError the pure path turns those into; anything else an __index__
+ * raises goes through, as it does there. */
 static int token_value(PyObject *item, uint32_t *out) {
     uint64_t v;
     if (as_u64(item, &v)) {
@@ -151,32 +157,84 @@ static int token_value(PyObject *item, uint32_t *out) {
             *out = (uint32_t)v;
             return 0;
         }
-        PyErr_SetString(PyExc_ValueError,
-                        "token ids must be integers in [0, 2**32): "
-                        "unsigned int is greater than maximum");
+        PyErr_SetString(PyExc_ValueError, TOKEN_RANGE ": unsigned int is greater than maximum");
         return -1;
     }
-    /* Whatever array('I') accepts (int subclasses, __index__): the pure path packs the
-     * tokens with it, so both paths take the same inputs. */
+    /* __index__ is Python code that may drop the item from the caller's list: hold it. */
+    Py_INCREF(item);
     PyObject *index = PyNumber_Index(item);
     if (index == NULL) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError,
-                     "token ids must be integers in [0, 2**32): "
-                     "'%.100s' object cannot be interpreted as an integer",
-                     Py_TYPE(item)->tp_name);
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         TOKEN_RANGE ": '%.100s' object cannot be interpreted as an integer",
+                         Py_TYPE(item)->tp_name);
+        }
+        Py_DECREF(item);
         return -1;
     }
+    Py_DECREF(item);
     unsigned long long big = PyLong_AsUnsignedLongLong(index);
-    int negative_or_huge = big == (unsigned long long)-1 && PyErr_Occurred();
     Py_DECREF(index);
-    if (negative_or_huge || big > 0xFFFFFFFFULL) {
+    if (big == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            return -1;
+        }
         PyErr_Clear();
-        PyErr_SetString(PyExc_ValueError,
-                        "token ids must be integers in [0, 2**32): out of range");
+        big = (unsigned long long)-1; /* negative or past 64 bits: out of range below */
+    }
+    if (big > 0xFFFFFFFFULL) {
+        PyErr_SetString(PyExc_ValueError, TOKEN_RANGE ": out of range");
         return -1;
     }
     *out = (uint32_t)big;
+    return 0;
+}
+
+/* chain's parent: an int in [0, 2**64) (TypeError for a non-int, ValueError out of range,
+ * as PrefixHasher.chain checks on the pure path). */
+static int parent_value(PyObject *o, uint64_t *out) {
+    if (as_u64(o, out)) {
+        return 0;
+    }
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "parent hash must be an int, not '%.100s'",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o); /* an int subclass (bool) */
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "parent hash must be an unsigned 64-bit integer");
+        }
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* chain's block size: an int >= 1; one past Py_ssize_t is larger than any sequence, so it
+ * makes no block (the pure path's `len(token_ids) // size` is 0 as well). */
+static int block_size_value(PyObject *o, Py_ssize_t *out) {
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "block_size must be an int, not '%.100s'",
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow > 0 || v > PY_SSIZE_T_MAX) {
+        v = PY_SSIZE_T_MAX;
+    }
+    if (overflow < 0 || v < 1) {
+        PyErr_SetString(PyExc_ValueError, "block_size must be >= 1 token");
+        return -1;
+    }
+    *out = (Py_ssize_t)v;
     return 0;
 }
 
@@ -188,19 +246,22 @@ static PyObject *native_chain(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     uint64_t parent;
-    if (!as_u64(args[0], &parent)) {
-        PyErr_SetString(PyExc_ValueError, "parent hash must be an unsigned 64-bit integer");
+    Py_ssize_t size;
+    if (parent_value(args[0], &parent) < 0 || block_size_value(args[2], &size) < 0) {
         return NULL;
     }
-    Py_ssize_t size = PyLong_AsSsize_t(args[2]);
-    if (size == -1 && PyErr_Occurred()) {
+    PyObject *tokens = args[1];
+    if (PyBytes_Check(tokens) || PyByteArray_Check(tokens)) {
+        /* array('I', bytes) would read raw machine words: refused on both paths. */
+        PyErr_SetString(PyExc_ValueError, TOKEN_RANGE ", not bytes");
         return NULL;
     }
-    if (size < 1) {
-        PyErr_SetString(PyExc_ValueError, "block_size must be >= 1 token");
+    if (!PySequence_Check(tokens)) {
+        PyErr_Format(PyExc_TypeError, "token ids must be a sequence, not '%.100s'",
+                     Py_TYPE(tokens)->tp_name);
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(args[1], "token ids must be a sequence");
+    PyObject *seq = PySequence_Fast(tokens, "token ids must be a sequence");
     if (seq == NULL) {
         return NULL;
     }
@@ -224,8 +285,21 @@ static PyObject *native_chain(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < count; i++) {
         uint32_t v;
-        if (token_value(items[i], &v) < 0) {
-            goto fail;
+        uint64_t wide;
+        if (as_u64(items[i], &wide) && wide <= 0xFFFFFFFFULL) {
+            v = (uint32_t)wide;
+        } else {
+            if (token_value(items[i], &v) < 0) {
+                goto fail;
+            }
+            /* A token's __index__ ran Python code that may have resized a list
+             * (PySequence_Fast returns a list itself, not a copy): read it afresh. */
+            if (PySequence_Fast_GET_SIZE(seq) < count) {
+                PyErr_SetString(PyExc_ValueError,
+                                TOKEN_RANGE ": the token list changed while read");
+                goto fail;
+            }
+            items = PySequence_Fast_ITEMS(seq);
         }
 #if KV_BIG_ENDIAN
         v = __builtin_bswap32(v);
@@ -284,6 +358,21 @@ static PyObject *native_xxh64(PyObject *module, PyObject *const *args, Py_ssize_
 #define IX_EMPTY 0u
 #define IX_DUMMY 1u /* a deleted item's slot: probing goes on past it */
 
+/* An index slot holds item + 2 in 32 bits. */
+#define MAX_ITEMS ((Py_ssize_t)Py_MIN((size_t)UINT32_MAX - 2, (size_t)PY_SSIZE_T_MAX / sizeof(Item)))
+
+/* find_obj / lookup: the key is absent, an __eq__ or __hash__ raised, or an __eq__ changed
+ * the map so that the probe must start again (as dict lookups do). */
+#define FOUND_NONE (-1)
+#define FOUND_ERROR (-2)
+#define FOUND_STALE (-3)
+
+#if defined(PyHASH_MODULUS)
+#define KV_HASH_MODULUS ((uint64_t)PyHASH_MODULUS)
+#else
+#define KV_HASH_MODULUS ((uint64_t)_PyHASH_MODULUS)
+#endif
+
 typedef struct {
     uint64_t key;
     uint64_t val;
@@ -294,6 +383,9 @@ typedef struct {
     Item *items;       /* dense, in insertion order, deleted ones flagged */
     uint8_t *flags;    /* per item */
     double *stamps;    /* per item, allocated on first use */
+    Py_hash_t *hashes; /* per item, allocated with the first object key: that key's hash,
+                          taken once (as a dict does), so that growing the map runs no
+                          Python code and a key whose hash changes cannot corrupt it */
     uint32_t *index;   /* open addressing (linear probing): IX_EMPTY, IX_DUMMY or item + 2 */
     Py_ssize_t index_size; /* a power of two, or 0 */
     int shift;             /* 64 - log2(index_size) */
@@ -302,37 +394,51 @@ typedef struct {
     Py_ssize_t used;       /* live items */
     Py_ssize_t filled;     /* index slots not IX_EMPTY */
     Py_ssize_t objkeys;    /* live items with an object key */
+    Py_ssize_t numkeys;    /* of those, keys that may equal an int in [0, 2**64) (True, 1.0) */
     Py_ssize_t objvals;    /* live items with an object value */
-    uint64_t changes;      /* bumped when items come or go: iterators check it */
+    uint64_t changes;      /* bumped when items come or go or move: iterators and lookups
+                              that ran Python code check it */
 } U64Map;
 
 static PyTypeObject U64MapType;
 static PyTypeObject StampViewType;
 static PyTypeObject U64MapIterType;
 
+/* Engines choose their block hashes, and u64 keys are placed by their value: with a
+ * fixed mix, keys chosen to share a slot would make every insertion walk all of them
+ * (quadratic). A secret drawn when the module loads makes such keys unguessable; the
+ * iteration order is the insertion order, so nothing observable depends on it. */
+static uint64_t slot_secret;
+static int slot_secret_set;
+
 static inline size_t slot_of(uint64_t h, int shift) {
-    return (size_t)((h * 0x9E3779B97F4A7C15ULL) >> shift);
+    h ^= slot_secret;
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDULL;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ULL;
+    h ^= h >> 33;
+    return (size_t)(h >> shift);
 }
 
-static int object_hash(PyObject *key, uint64_t *out) {
-    Py_hash_t h = PyObject_Hash(key);
-    if (h == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *out = (uint64_t)h;
-    return 0;
+/* Whether an object key could compare equal to an int in [0, 2**64) (True == 1, 1.0 == 1,
+ * an int subclass): a dict takes such a key for that int, so the map must find one from
+ * the other although it stores them differently. */
+static inline int may_equal_u64(PyObject *key) {
+    return !(PyLong_CheckExact(key) || PyBytes_CheckExact(key) || PyUnicode_CheckExact(key) ||
+             PyTuple_CheckExact(key) || key == Py_None);
 }
 
 static inline Py_ssize_t find_u64(U64Map *m, uint64_t key) {
     if (m->index_size == 0) {
-        return -1;
+        return FOUND_NONE;
     }
     size_t mask = (size_t)m->index_size - 1;
     size_t i = slot_of(key, m->shift);
     for (;;) {
         uint32_t ix = m->index[i];
         if (ix == IX_EMPTY) {
-            return -1;
+            return FOUND_NONE;
         }
         if (ix != IX_DUMMY) {
             Py_ssize_t pos = (Py_ssize_t)ix - 2;
@@ -344,30 +450,34 @@ static inline Py_ssize_t find_u64(U64Map *m, uint64_t key) {
     }
 }
 
-/* -1: absent, -2: error. */
-static Py_ssize_t find_obj(U64Map *m, PyObject *key, uint64_t hash) {
+/* An object key's position, compared as a dict does (hash, identity, then __eq__). */
+static Py_ssize_t find_obj(U64Map *m, PyObject *key, Py_hash_t hash) {
     if (m->index_size == 0 || m->objkeys == 0) {
-        return -1;
+        return FOUND_NONE;
     }
     size_t mask = (size_t)m->index_size - 1;
-    size_t i = slot_of(hash, m->shift);
+    size_t i = slot_of((uint64_t)hash, m->shift);
     for (;;) {
         uint32_t ix = m->index[i];
         if (ix == IX_EMPTY) {
-            return -1;
+            return FOUND_NONE;
         }
         if (ix != IX_DUMMY) {
             Py_ssize_t pos = (Py_ssize_t)ix - 2;
-            if (m->flags[pos] & F_KEYOBJ) {
+            if ((m->flags[pos] & F_KEYOBJ) && m->hashes[pos] == hash) {
                 PyObject *stored = (PyObject *)(uintptr_t)m->items[pos].key;
                 if (stored == key) {
                     return pos;
                 }
+                uint64_t changes = m->changes;
                 Py_INCREF(stored);
                 int eq = PyObject_RichCompareBool(stored, key, Py_EQ);
                 Py_DECREF(stored);
                 if (eq < 0) {
-                    return -2;
+                    return FOUND_ERROR;
+                }
+                if (m->changes != changes) {
+                    return FOUND_STALE; /* `pos` and `i` may mean nothing any more */
                 }
                 if (eq) {
                     return pos;
@@ -378,18 +488,86 @@ static Py_ssize_t find_obj(U64Map *m, PyObject *key, uint64_t hash) {
     }
 }
 
-/* A key's position: -1 absent, -2 error. `*u`/`*is_u64`/`*hash` say how it is stored. */
+/* A u64 key equal to the object `key` of hash `hash`: an int n >= 0 hashes to n mod the
+ * hash modulus, so only n = hash + j * modulus can be (nine of them below 2**64). */
+static Py_ssize_t find_equal_u64(U64Map *m, PyObject *key, Py_hash_t hash, uint64_t *found) {
+    if (hash < 0) {
+        return FOUND_NONE;
+    }
+    for (uint64_t n = (uint64_t)hash;; n += KV_HASH_MODULUS) {
+        Py_ssize_t pos = find_u64(m, n);
+        if (pos >= 0) {
+            PyObject *candidate = PyLong_FromUnsignedLongLong(n);
+            if (candidate == NULL) {
+                return FOUND_ERROR;
+            }
+            uint64_t changes = m->changes;
+            int eq = PyObject_RichCompareBool(candidate, key, Py_EQ);
+            Py_DECREF(candidate);
+            if (eq < 0) {
+                return FOUND_ERROR;
+            }
+            if (m->changes != changes) {
+                return FOUND_STALE;
+            }
+            if (eq) {
+                *found = n;
+                return pos;
+            }
+        }
+        if (n > UINT64_MAX - KV_HASH_MODULUS || KV_HASH_MODULUS < ((uint64_t)1 << 40)) {
+            return FOUND_NONE; /* (a 32-bit hash: too many candidates, exact ints only) */
+        }
+    }
+}
+
+/* A key's position, FOUND_NONE or FOUND_ERROR. `*is_u64`/`*u` say how the key would be
+ * stored; `*hash` is where it is (or would be) placed in the index. When this returns no
+ * Python code has run since the positions were read, and the caller runs none before it
+ * uses them. */
 static Py_ssize_t lookup(U64Map *m, PyObject *key, int *is_u64, uint64_t *u, uint64_t *hash) {
+    Py_ssize_t pos;
     if (as_u64(key, u)) {
         *is_u64 = 1;
-        *hash = *u;
-        return find_u64(m, *u);
+        for (;;) {
+            *hash = *u;
+            pos = find_u64(m, *u);
+            if (pos != FOUND_NONE || m->numkeys == 0) {
+                return pos;
+            }
+            Py_hash_t h = PyObject_Hash(key); /* an exact int's: no Python code, no error */
+            if (h == -1 && PyErr_Occurred()) {
+                return FOUND_ERROR;
+            }
+            pos = find_obj(m, key, h);
+            if (pos >= 0) {
+                *hash = (uint64_t)h;
+                return pos;
+            }
+            if (pos != FOUND_STALE) {
+                return pos;
+            }
+        }
     }
     *is_u64 = 0;
-    if (object_hash(key, hash) < 0) {
-        return -2;
+    Py_hash_t h = PyObject_Hash(key);
+    if (h == -1 && PyErr_Occurred()) {
+        return FOUND_ERROR;
     }
-    return find_obj(m, key, *hash);
+    for (;;) {
+        *hash = (uint64_t)h;
+        pos = find_obj(m, key, h);
+        if (pos == FOUND_STALE) {
+            continue;
+        }
+        if (pos != FOUND_NONE || m->used == m->objkeys || !may_equal_u64(key)) {
+            return pos;
+        }
+        pos = find_equal_u64(m, key, h, hash);
+        if (pos != FOUND_STALE) {
+            return pos;
+        }
+    }
 }
 
 static PyObject *item_value(U64Map *m, Py_ssize_t pos) {
@@ -410,7 +588,12 @@ static PyObject *item_key(U64Map *m, Py_ssize_t pos) {
     return PyLong_FromUnsignedLongLong(m->items[pos].key);
 }
 
-/* Rebuild the index for `index_size` slots, dropping deleted items (order kept). */
+static inline uint64_t slot_hash(U64Map *m, Py_ssize_t pos) {
+    return (m->flags[pos] & F_KEYOBJ) ? (uint64_t)m->hashes[pos] : m->items[pos].key;
+}
+
+/* Rebuild the index for `index_size` slots, dropping deleted items (order kept). Fails
+ * (MemoryError) before it changes anything; runs no Python code. */
 static int rebuild(U64Map *m, Py_ssize_t index_size) {
     uint32_t *index = PyMem_Calloc((size_t)index_size, sizeof(uint32_t));
     if (index == NULL) {
@@ -428,18 +611,15 @@ static int rebuild(U64Map *m, Py_ssize_t index_size) {
         if (f & F_DELETED) {
             continue;
         }
-        uint64_t h = m->items[pos].key;
-        if (f & F_KEYOBJ) {
-            if (object_hash((PyObject *)(uintptr_t)h, &h) < 0) {
-                PyMem_Free(index); /* keys were hashed when inserted: cannot happen */
-                return -1;
-            }
-        }
+        uint64_t h = slot_hash(m, pos);
         if (out != pos) {
             m->items[out] = m->items[pos];
             m->flags[out] = f;
             if (m->stamps) {
                 m->stamps[out] = m->stamps[pos];
+            }
+            if (m->hashes) {
+                m->hashes[out] = m->hashes[pos];
             }
         }
         size_t i = slot_of(h, shift);
@@ -467,6 +647,8 @@ static Py_ssize_t index_size_for(Py_ssize_t items) {
     return size;
 }
 
+/* Each column is grown in turn: one that fails leaves the map as it was, `capacity`
+ * being the smallest of them. */
 static int grow_items(U64Map *m, Py_ssize_t capacity) {
     Item *items = PyMem_Realloc(m->items, (size_t)capacity * sizeof(Item));
     if (items == NULL) {
@@ -488,6 +670,14 @@ static int grow_items(U64Map *m, Py_ssize_t capacity) {
         }
         m->stamps = stamps;
     }
+    if (m->hashes) {
+        Py_hash_t *hashes = PyMem_Realloc(m->hashes, (size_t)capacity * sizeof(Py_hash_t));
+        if (hashes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        m->hashes = hashes;
+    }
     m->capacity = capacity;
     return 0;
 }
@@ -507,8 +697,12 @@ static int make_room(U64Map *m) {
             }
         }
         if (m->nitems == m->capacity) {
+            if (m->capacity >= MAX_ITEMS) {
+                PyErr_SetString(PyExc_MemoryError, "U64Map is full");
+                return -1;
+            }
             Py_ssize_t capacity = m->capacity < 8 ? 8 : m->capacity + (m->capacity >> 1);
-            if (grow_items(m, capacity) < 0) {
+            if (grow_items(m, Py_MIN(capacity, MAX_ITEMS)) < 0) {
                 return -1;
             }
         }
@@ -527,14 +721,25 @@ static int ensure_stamps(U64Map *m) {
     return 0;
 }
 
+static int ensure_hashes(U64Map *m) {
+    if (m->hashes == NULL && m->capacity) {
+        m->hashes = PyMem_Calloc((size_t)m->capacity, sizeof(Py_hash_t));
+        if (m->hashes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static void set_value(U64Map *m, Py_ssize_t pos, PyObject *value) {
-    uint64_t v;
-    if (m->objvals && (m->flags[pos] & F_VALOBJ)) {
-        PyObject *old = (PyObject *)(uintptr_t)m->items[pos].val;
+    PyObject *old = NULL;
+    if (m->flags[pos] & F_VALOBJ) {
+        old = (PyObject *)(uintptr_t)m->items[pos].val;
         m->flags[pos] &= (uint8_t)~F_VALOBJ;
         m->objvals--;
-        Py_DECREF(old); /* after the item is consistent: a finalizer may look at the map */
     }
+    uint64_t v;
     if (as_u64(value, &v)) {
         m->items[pos].val = v;
     } else {
@@ -543,14 +748,19 @@ static void set_value(U64Map *m, Py_ssize_t pos, PyObject *value) {
         m->flags[pos] |= F_VALOBJ;
         m->objvals++;
     }
+    /* Last: the old value's finalizer may run Python code that changes the map. */
+    Py_XDECREF(old);
 }
 
-/* Insert a key known to be absent; returns its position or -1. */
+/* Insert a key known to be absent; returns its position or -1. Runs no Python code. */
 static Py_ssize_t insert_new(U64Map *m, PyObject *key, int is_u64, uint64_t u, uint64_t hash) {
     if (make_room(m) < 0) {
         return -1;
     }
     if (m->index_size == 0 && rebuild(m, 8) < 0) {
+        return -1;
+    }
+    if (!is_u64 && ensure_hashes(m) < 0) {
         return -1;
     }
     Py_ssize_t pos = m->nitems++;
@@ -573,12 +783,27 @@ static Py_ssize_t insert_new(U64Map *m, PyObject *key, int is_u64, uint64_t u, u
     } else {
         Py_INCREF(key);
         m->items[pos].key = (uint64_t)(uintptr_t)key;
+        m->hashes[pos] = (Py_hash_t)hash;
         m->flags[pos] = F_KEYOBJ;
         m->objkeys++;
+        m->numkeys += may_equal_u64(key);
     }
     m->used++;
     m->changes++;
     return pos;
+}
+
+/* The references the map held go last: their finalizers see a consistent map. */
+static void free_columns(U64Map *m) {
+    PyMem_Free(m->index);
+    PyMem_Free(m->stamps);
+    PyMem_Free(m->hashes);
+    m->index = NULL;
+    m->items = NULL;
+    m->flags = NULL;
+    m->stamps = NULL;
+    m->hashes = NULL;
+    m->index_size = m->nitems = m->capacity = m->filled = 0;
 }
 
 static void delete_at(U64Map *m, Py_ssize_t pos, uint64_t hash) {
@@ -596,6 +821,7 @@ static void delete_at(U64Map *m, Py_ssize_t pos, uint64_t hash) {
     if (f & F_KEYOBJ) {
         key = (PyObject *)(uintptr_t)m->items[pos].key;
         m->objkeys--;
+        m->numkeys -= may_equal_u64(key);
     }
     if (f & F_VALOBJ) {
         val = (PyObject *)(uintptr_t)m->items[pos].val;
@@ -603,15 +829,11 @@ static void delete_at(U64Map *m, Py_ssize_t pos, uint64_t hash) {
     }
     if (m->used == 0 && m->nitems > 64) {
         /* Emptied (a pod cleared): give the memory back rather than keep the holes. */
-        PyMem_Free(m->index);
-        PyMem_Free(m->items);
-        PyMem_Free(m->flags);
-        PyMem_Free(m->stamps);
-        m->index = NULL;
-        m->items = NULL;
-        m->flags = NULL;
-        m->stamps = NULL;
-        m->index_size = m->nitems = m->capacity = m->filled = 0;
+        Item *items = m->items;
+        uint8_t *flags = m->flags;
+        free_columns(m);
+        PyMem_Free(items);
+        PyMem_Free(flags);
     }
     Py_XDECREF(key);
     Py_XDECREF(val);
@@ -622,14 +844,8 @@ static void map_clear_all(U64Map *m) {
     uint8_t *flags = m->flags;
     Py_ssize_t nitems = m->nitems;
     int had_objects = m->objkeys || m->objvals;
-    PyMem_Free(m->index);
-    PyMem_Free(m->stamps);
-    m->index = NULL;
-    m->items = NULL;
-    m->flags = NULL;
-    m->stamps = NULL;
-    m->index_size = m->nitems = m->capacity = m->used = m->filled = 0;
-    m->objkeys = m->objvals = 0;
+    free_columns(m);
+    m->used = m->objkeys = m->numkeys = m->objvals = 0;
     m->changes++;
     if (had_objects) {
         for (Py_ssize_t pos = 0; pos < nitems; pos++) {
@@ -661,10 +877,11 @@ static PyObject *U64Map_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     m->items = NULL;
     m->flags = NULL;
     m->stamps = NULL;
+    m->hashes = NULL;
     m->index = NULL;
     m->index_size = m->nitems = m->capacity = m->used = m->filled = 0;
     m->shift = 64;
-    m->objkeys = m->objvals = 0;
+    m->objkeys = m->numkeys = m->objvals = 0;
     m->changes = 0;
     PyObject_GC_Track(m);
     return (PyObject *)m;
@@ -696,21 +913,34 @@ static int U64Map_tp_clear(U64Map *m) {
 
 static void U64Map_dealloc(U64Map *m) {
     PyObject_GC_UnTrack(m);
+    /* Maps nested in maps (a value of one being another) free one another recursively:
+     * the trashcan defers past a depth, as for dicts, instead of overflowing the C stack. */
+    Py_TRASHCAN_BEGIN(m, U64Map_dealloc)
     map_clear_all(m);
     PyObject_GC_Del(m);
+    Py_TRASHCAN_END
 }
 
 static Py_ssize_t U64Map_length(U64Map *m) { return m->used; }
+
+/* KeyError(key) as a dict raises it: a tuple key is one argument, not several. */
+static void set_key_error(PyObject *key) {
+    PyObject *args = PyTuple_Pack(1, key);
+    if (args != NULL) {
+        PyErr_SetObject(PyExc_KeyError, args);
+        Py_DECREF(args);
+    }
+}
 
 static PyObject *U64Map_subscript(U64Map *m, PyObject *key) {
     int is_u64;
     uint64_t u, hash;
     Py_ssize_t pos = lookup(m, key, &is_u64, &u, &hash);
-    if (pos == -2) {
+    if (pos == FOUND_ERROR) {
         return NULL;
     }
     if (pos < 0) {
-        PyErr_SetObject(PyExc_KeyError, key);
+        set_key_error(key);
         return NULL;
     }
     return item_value(m, pos);
@@ -720,12 +950,12 @@ static int U64Map_ass_subscript(U64Map *m, PyObject *key, PyObject *value) {
     int is_u64;
     uint64_t u, hash;
     Py_ssize_t pos = lookup(m, key, &is_u64, &u, &hash);
-    if (pos == -2) {
+    if (pos == FOUND_ERROR) {
         return -1;
     }
     if (value == NULL) {
         if (pos < 0) {
-            PyErr_SetObject(PyExc_KeyError, key);
+            set_key_error(key);
             return -1;
         }
         delete_at(m, pos, hash);
@@ -745,7 +975,7 @@ static int U64Map_contains(U64Map *m, PyObject *key) {
     int is_u64;
     uint64_t u, hash;
     Py_ssize_t pos = lookup(m, key, &is_u64, &u, &hash);
-    if (pos == -2) {
+    if (pos == FOUND_ERROR) {
         return -1;
     }
     return pos >= 0;
@@ -759,7 +989,7 @@ static PyObject *U64Map_get(U64Map *m, PyObject *const *args, Py_ssize_t nargs) 
     int is_u64;
     uint64_t u, hash;
     Py_ssize_t pos = lookup(m, args[0], &is_u64, &u, &hash);
-    if (pos == -2) {
+    if (pos == FOUND_ERROR) {
         return NULL;
     }
     if (pos < 0) {
@@ -778,7 +1008,7 @@ static PyObject *U64Map_pop(U64Map *m, PyObject *const *args, Py_ssize_t nargs) 
     int is_u64;
     uint64_t u, hash;
     Py_ssize_t pos = lookup(m, args[0], &is_u64, &u, &hash);
-    if (pos == -2) {
+    if (pos == FOUND_ERROR) {
         return NULL;
     }
     if (pos < 0) {
@@ -786,7 +1016,7 @@ static PyObject *U64Map_pop(U64Map *m, PyObject *const *args, Py_ssize_t nargs) 
             Py_INCREF(args[1]);
             return args[1];
         }
-        PyErr_SetObject(PyExc_KeyError, args[0]);
+        set_key_error(args[0]);
         return NULL;
     }
     PyObject *value = item_value(m, pos);
@@ -806,14 +1036,16 @@ enum { ITER_KEYS, ITER_VALUES, ITER_ITEMS };
 
 typedef struct {
     PyObject_HEAD
-    U64Map *map;
+    U64Map *map; /* NULL once exhausted: it then stays so, as a dict's iterator */
     Py_ssize_t pos;
     uint64_t changes;
     int kind;
 } U64MapIter;
 
+/* Iterators and stamp views refer to their map, which may hold them (m[k] = iter(m)): they
+ * take part in the cycle collector, or such a cycle would never be freed. */
 static PyObject *make_iter(U64Map *m, int kind) {
-    U64MapIter *it = PyObject_New(U64MapIter, &U64MapIterType);
+    U64MapIter *it = PyObject_GC_New(U64MapIter, &U64MapIterType);
     if (it == NULL) {
         return NULL;
     }
@@ -822,16 +1054,31 @@ static PyObject *make_iter(U64Map *m, int kind) {
     it->pos = 0;
     it->changes = m->changes;
     it->kind = kind;
+    PyObject_GC_Track(it);
     return (PyObject *)it;
 }
 
+static int U64MapIter_traverse(U64MapIter *it, visitproc visit, void *arg) {
+    Py_VISIT(it->map);
+    return 0;
+}
+
+static int U64MapIter_clear(U64MapIter *it) {
+    Py_CLEAR(it->map);
+    return 0;
+}
+
 static void U64MapIter_dealloc(U64MapIter *it) {
-    Py_DECREF(it->map);
-    PyObject_Free(it);
+    PyObject_GC_UnTrack(it);
+    Py_XDECREF(it->map);
+    PyObject_GC_Del(it);
 }
 
 static PyObject *U64MapIter_next(U64MapIter *it) {
     U64Map *m = it->map;
+    if (m == NULL) {
+        return NULL;
+    }
     if (it->changes != m->changes) {
         PyErr_SetString(PyExc_RuntimeError, "U64Map changed size during iteration");
         return NULL;
@@ -840,6 +1087,7 @@ static PyObject *U64MapIter_next(U64MapIter *it) {
         it->pos++;
     }
     if (it->pos >= m->nitems) {
+        Py_CLEAR(it->map);
         return NULL;
     }
     Py_ssize_t pos = it->pos++;
@@ -880,10 +1128,16 @@ static PyObject *U64Map_values(U64Map *m, PyObject *unused) {
 static PyObject *U64Map_items(U64Map *m, PyObject *unused) { return make_iter(m, ITER_ITEMS); }
 
 static PyObject *U64Map_repr(U64Map *m) {
+    int busy = Py_ReprEnter((PyObject *)m);
+    if (busy != 0) { /* the map holds itself, somewhere down: as a dict shows it */
+        return busy > 0 ? PyUnicode_FromString("U64Map(...)") : NULL;
+    }
+    PyObject *r = NULL;
     PyObject *d = PyDict_New();
     if (d == NULL) {
-        return NULL;
+        goto done;
     }
+    /* PyDict_SetItem runs the keys' __hash__/__eq__: `pos` and `nitems` are read afresh. */
     for (Py_ssize_t pos = 0; pos < m->nitems; pos++) {
         if (m->flags[pos] & F_DELETED) {
             continue;
@@ -893,14 +1147,15 @@ static PyObject *U64Map_repr(U64Map *m) {
         if (v == NULL || PyDict_SetItem(d, k, v) < 0) {
             Py_XDECREF(k);
             Py_XDECREF(v);
-            Py_DECREF(d);
-            return NULL;
+            goto done;
         }
         Py_DECREF(k);
         Py_DECREF(v);
     }
-    PyObject *r = PyUnicode_FromFormat("U64Map(%R)", d);
-    Py_DECREF(d);
+    r = PyUnicode_FromFormat("U64Map(%R)", d);
+done:
+    Py_XDECREF(d);
+    Py_ReprLeave((PyObject *)m);
     return r;
 }
 
@@ -911,31 +1166,45 @@ typedef struct {
     Py_ssize_t pos;
 } Aged;
 
+/* A total order, as qsort needs: a NaN stamp (no usable time) counts as the oldest. */
 static int compare_aged(const void *a, const void *b) {
     const Aged *x = a, *y = b;
-    if (x->stamp < y->stamp) {
-        return -1;
+    int x_nan = x->stamp != x->stamp, y_nan = y->stamp != y->stamp;
+    if (x_nan != y_nan) {
+        return x_nan ? -1 : 1;
     }
-    if (x->stamp > y->stamp) {
-        return 1;
+    if (!x_nan) {
+        if (x->stamp < y->stamp) {
+            return -1;
+        }
+        if (x->stamp > y->stamp) {
+            return 1;
+        }
     }
     /* Equally old: the newest inserted first (a chain goes tail first). */
     return (x->pos < y->pos) - (x->pos > y->pos);
 }
 
 static PyObject *U64Map_oldest(U64Map *m, PyObject *arg) {
-    Py_ssize_t count = PyLong_AsSsize_t(arg);
-    if (count == -1 && PyErr_Occurred()) {
+    int overflow;
+    long long wanted = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (wanted == -1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (count > m->used) {
-        count = m->used;
+    /* heapq.nsmallest (the pure path's) takes any int: past the size, all of them. */
+    Py_ssize_t count = overflow > 0 || wanted > (long long)m->used ? m->used
+                       : overflow < 0 || wanted < 0                ? 0
+                                                                   : (Py_ssize_t)wanted;
+    /* The list first: allocating it may run the cycle collector, and so finalizers that
+     * change the map, which must not happen between reading positions and using them. */
+    PyObject *out = PyList_New(count);
+    if (out == NULL || count == 0) {
+        return out;
     }
-    if (count <= 0) {
-        return PyList_New(0);
-    }
+    count = Py_MIN(count, m->used);
     Aged *aged = PyMem_Malloc((size_t)m->used * sizeof(Aged));
     if (aged == NULL) {
+        Py_DECREF(out);
         return PyErr_NoMemory();
     }
     Py_ssize_t n = 0;
@@ -947,18 +1216,21 @@ static PyObject *U64Map_oldest(U64Map *m, PyObject *arg) {
         }
     }
     qsort(aged, (size_t)n, sizeof(Aged), compare_aged);
-    PyObject *out = PyList_New(count);
-    if (out != NULL) {
-        for (Py_ssize_t i = 0; i < count; i++) {
-            PyObject *k = item_key(m, aged[i].pos);
-            if (k == NULL) {
-                Py_CLEAR(out);
-                break;
-            }
-            PyList_SET_ITEM(out, i, k);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *k = item_key(m, aged[i].pos);
+        if (k == NULL) {
+            Py_CLEAR(out);
+            break;
         }
+        PyList_SET_ITEM(out, i, k);
     }
     PyMem_Free(aged);
+    if (out != NULL && PyList_GET_SIZE(out) > count) {
+        /* The map shrank under the list's allocation: drop the unfilled tail. */
+        if (PyList_SetSlice(out, count, PyList_GET_SIZE(out), NULL) < 0) {
+            Py_CLEAR(out);
+        }
+    }
     return out;
 }
 
@@ -1004,7 +1276,9 @@ static PyTypeObject U64MapIterType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "indexer._native.U64MapIterator",
     .tp_basicsize = sizeof(U64MapIter),
     .tp_dealloc = (destructor)U64MapIter_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)U64MapIter_traverse,
+    .tp_clear = (inquiry)U64MapIter_clear,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)U64MapIter_next,
 };
@@ -1013,36 +1287,62 @@ static PyTypeObject U64MapIterType = {
 
 typedef struct {
     PyObject_HEAD
-    U64Map *map;
+    U64Map *map; /* NULL only after the cycle collector cleared the view */
 } StampView;
 
 static PyObject *U64Map_stamps(U64Map *m, PyObject *unused) {
-    StampView *v = PyObject_New(StampView, &StampViewType);
+    StampView *v = PyObject_GC_New(StampView, &StampViewType);
     if (v == NULL) {
         return NULL;
     }
     Py_INCREF(m);
     v->map = m;
+    PyObject_GC_Track(v);
     return (PyObject *)v;
 }
 
-static void StampView_dealloc(StampView *v) {
-    Py_DECREF(v->map);
-    PyObject_Free(v);
+static int StampView_traverse(StampView *v, visitproc visit, void *arg) {
+    Py_VISIT(v->map);
+    return 0;
 }
 
-static Py_ssize_t StampView_length(StampView *v) { return v->map->used; }
+static int StampView_clear(StampView *v) {
+    Py_CLEAR(v->map);
+    return 0;
+}
+
+static void StampView_dealloc(StampView *v) {
+    PyObject_GC_UnTrack(v);
+    Py_XDECREF(v->map);
+    PyObject_GC_Del(v);
+}
+
+/* A view the collector cleared (a finalizer may still reach it) has no map. */
+static U64Map *view_map(StampView *v) {
+    if (v->map == NULL) {
+        PyErr_SetString(PyExc_ReferenceError, "the stamps' map is gone");
+    }
+    return v->map;
+}
+
+static Py_ssize_t StampView_length(StampView *v) {
+    U64Map *m = view_map(v);
+    return m == NULL ? -1 : m->used;
+}
 
 static PyObject *StampView_subscript(StampView *v, PyObject *key) {
-    U64Map *m = v->map;
+    U64Map *m = view_map(v);
+    if (m == NULL) {
+        return NULL;
+    }
     int is_u64;
     uint64_t u, hash;
     Py_ssize_t pos = lookup(m, key, &is_u64, &u, &hash);
-    if (pos == -2) {
+    if (pos == FOUND_ERROR) {
         return NULL;
     }
     if (pos < 0) {
-        PyErr_SetObject(PyExc_KeyError, key);
+        set_key_error(key);
         return NULL;
     }
     return PyFloat_FromDouble(m->stamps ? m->stamps[pos] : 0.0);
@@ -1051,7 +1351,10 @@ static PyObject *StampView_subscript(StampView *v, PyObject *key) {
 /* Setting the stamp of an absent key adds it with the value 0 (the index then sets its
  * mask); deleting goes through the map. */
 static int StampView_ass_subscript(StampView *v, PyObject *key, PyObject *value) {
-    U64Map *m = v->map;
+    U64Map *m = view_map(v);
+    if (m == NULL) {
+        return -1;
+    }
     if (value == NULL) {
         PyErr_SetString(PyExc_TypeError, "delete the key from the map, not its stamp");
         return -1;
@@ -1060,27 +1363,26 @@ static int StampView_ass_subscript(StampView *v, PyObject *key, PyObject *value)
     if (stamp == -1.0 && PyErr_Occurred()) {
         return -1;
     }
+    /* The map is held: __float__ above and the key's __eq__ below may drop the view's. */
+    Py_INCREF(m);
     int is_u64;
     uint64_t u, hash;
     Py_ssize_t pos = lookup(m, key, &is_u64, &u, &hash);
-    if (pos == -2) {
-        return -1;
-    }
-    if (pos < 0) {
+    if (pos == FOUND_NONE) {
         pos = insert_new(m, key, is_u64, u, hash);
-        if (pos < 0) {
-            return -1;
-        }
     }
-    if (ensure_stamps(m) < 0) {
+    if (pos < 0 || ensure_stamps(m) < 0) {
+        Py_DECREF(m);
         return -1;
     }
     m->stamps[pos] = stamp;
+    Py_DECREF(m);
     return 0;
 }
 
 static int StampView_contains(StampView *v, PyObject *key) {
-    return U64Map_contains(v->map, key);
+    U64Map *m = view_map(v);
+    return m == NULL ? -1 : U64Map_contains(m, key);
 }
 
 static PyMappingMethods StampView_as_mapping = {
@@ -1100,12 +1402,16 @@ static PyTypeObject StampViewType = {
     .tp_as_sequence = &StampView_as_sequence,
     .tp_as_mapping = &StampView_as_mapping,
     .tp_hash = PyObject_HashNotImplemented,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)StampView_traverse,
+    .tp_clear = (inquiry)StampView_clear,
 };
 
 /* -- the match walk ------------------------------------------------------------------- */
 
 #define WALK_STACK 512
+/* Each end but the last drops at least one of the 64 bits of `alive`. */
+#define MAX_ENDS 65
 
 /* match_walk(held, prefix_hashes, alive, now) -> [(length, mask), ...] or None.
  *
@@ -1114,7 +1420,11 @@ static PyTypeObject StampViewType = {
  * there) for each length where some stop, the last being (matched, still matching); the
  * matched blocks' stamps set to `now`. None when the masks do not all fit in 64 bits
  * (then the caller walks in Python). The index slots of every block are fetched ahead of
- * the walk, so its cache misses overlap instead of queueing one per block. */
+ * the walk, so its cache misses overlap instead of queueing one per block.
+ *
+ * Whatever runs Python code (`now`'s __float__, iterating `prefix_hashes`, and any
+ * allocation of an object, which may start the cycle collector and its finalizers) runs
+ * before the map is read or after it was last touched, never between. */
 static PyObject *native_match_walk(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyObject_TypeCheck(args[0], &U64MapType)) {
         PyErr_SetString(PyExc_TypeError, "match_walk(held: U64Map, hashes, alive, now)");
@@ -1122,7 +1432,7 @@ static PyObject *native_match_walk(PyObject *module, PyObject *const *args, Py_s
     }
     U64Map *m = (U64Map *)args[0];
     uint64_t alive;
-    if (m->objvals || m->objkeys || !as_u64(args[2], &alive)) {
+    if (!as_u64(args[2], &alive)) {
         Py_RETURN_NONE;
     }
     double now = PyFloat_AsDouble(args[3]);
@@ -1133,6 +1443,16 @@ static PyObject *native_match_walk(PyObject *module, PyObject *const *args, Py_s
     if (seq == NULL) {
         return NULL;
     }
+    PyObject *ends = PyList_New(0);
+    if (ends == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    if (m->objvals || m->objkeys) {
+        Py_DECREF(seq);
+        Py_DECREF(ends);
+        Py_RETURN_NONE;
+    }
     Py_ssize_t total = PySequence_Fast_GET_SIZE(seq);
     PyObject **hashes = PySequence_Fast_ITEMS(seq);
     uint64_t stack[WALK_STACK];
@@ -1141,6 +1461,7 @@ static PyObject *native_match_walk(PyObject *module, PyObject *const *args, Py_s
         keys = PyMem_Malloc((size_t)total * sizeof(uint64_t));
         if (keys == NULL) {
             Py_DECREF(seq);
+            Py_DECREF(ends);
             return PyErr_NoMemory();
         }
     }
@@ -1156,10 +1477,9 @@ static PyObject *native_match_walk(PyObject *module, PyObject *const *args, Py_s
             __builtin_prefetch(&m->index[slot_of(keys[i], m->shift)]);
         }
     }
-    PyObject *ends = PyList_New(0);
-    if (ends == NULL) {
-        goto done;
-    }
+    Py_ssize_t end_at[MAX_ENDS];
+    uint64_t end_mask[MAX_ENDS];
+    int nends = 0;
     Py_ssize_t matched = 0;
     for (; matched < usable; matched++) {
         Py_ssize_t pos = find_u64(m, keys[matched]);
@@ -1171,31 +1491,31 @@ static PyObject *native_match_walk(PyObject *module, PyObject *const *args, Py_s
             if (!still) {
                 break;
             }
-            PyObject *end = Py_BuildValue("(nK)", matched, (unsigned long long)(alive ^ still));
-            if (end == NULL || PyList_Append(ends, end) < 0) {
-                Py_XDECREF(end);
-                Py_CLEAR(ends);
-                goto done;
-            }
-            Py_DECREF(end);
+            end_at[nends] = matched;
+            end_mask[nends] = alive ^ still;
+            nends++;
             alive = still;
         }
+        keys[matched] = (uint64_t)pos; /* stamped below, once the walk is over */
     }
-    PyObject *last = Py_BuildValue("(nK)", matched, (unsigned long long)alive);
-    if (last == NULL || PyList_Append(ends, last) < 0) {
-        Py_XDECREF(last);
+    end_at[nends] = matched;
+    end_mask[nends] = alive;
+    nends++;
+    if (matched && ensure_stamps(m) < 0) {
         Py_CLEAR(ends);
         goto done;
     }
-    Py_DECREF(last);
-    if (matched) {
-        if (ensure_stamps(m) < 0) {
+    for (Py_ssize_t i = 0; i < matched; i++) {
+        m->stamps[keys[i]] = now;
+    }
+    for (int e = 0; e < nends; e++) {
+        PyObject *end = Py_BuildValue("(nK)", end_at[e], (unsigned long long)end_mask[e]);
+        if (end == NULL || PyList_Append(ends, end) < 0) {
+            Py_XDECREF(end);
             Py_CLEAR(ends);
             goto done;
         }
-        for (Py_ssize_t i = 0; i < matched; i++) {
-            m->stamps[find_u64(m, keys[i])] = now;
-        }
+        Py_DECREF(end);
     }
 done:
     if (keys != stack) {
@@ -1210,7 +1530,14 @@ done:
  * MatchedBlocks.table's loop: for each (length, mask) of a walk's ends with length > 0,
  * table[names[i]] = length for every bit i of mask. False (and nothing written) when a
  * mask does not fit in 64 bits or names a bit past `names`: the caller then loops in
- * Python. */
+ * Python. A name's __hash__/__eq__ or a length's __bool__ may change `names` and `ends`
+ * meanwhile: each end is held while used and read again, and a name whose bit is now past
+ * `names` raises RuntimeError. */
+static int read_end(PyObject *end, uint64_t known, uint64_t *mask) {
+    return PyTuple_Check(end) && PyTuple_GET_SIZE(end) == 2 &&
+           as_u64(PyTuple_GET_ITEM(end, 1), mask) && !(*mask & ~known);
+}
+
 static PyObject *native_spread_ends(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2])) {
@@ -1220,34 +1547,47 @@ static PyObject *native_spread_ends(PyObject *module, PyObject *const *args, Py_
     PyObject *table = args[0], *names = args[1], *ends = args[2];
     Py_ssize_t count = PyList_GET_SIZE(names);
     uint64_t known = count >= 64 ? ~0ULL : ((1ULL << count) - 1);
+    uint64_t mask;
     for (Py_ssize_t e = 0; e < PyList_GET_SIZE(ends); e++) {
-        PyObject *end = PyList_GET_ITEM(ends, e);
-        uint64_t mask;
-        if (!PyTuple_Check(end) || PyTuple_GET_SIZE(end) != 2 ||
-            !as_u64(PyTuple_GET_ITEM(end, 1), &mask) || (mask & ~known)) {
+        if (!read_end(PyList_GET_ITEM(ends, e), known, &mask)) {
             Py_RETURN_FALSE;
         }
     }
     for (Py_ssize_t e = 0; e < PyList_GET_SIZE(ends); e++) {
         PyObject *end = PyList_GET_ITEM(ends, e);
+        Py_INCREF(end);
+        if (!read_end(end, ~0ULL, &mask)) {
+            Py_DECREF(end);
+            PyErr_SetString(PyExc_RuntimeError, "spread_ends: ends changed while read");
+            return NULL;
+        }
         PyObject *length = PyTuple_GET_ITEM(end, 0);
         int empty = PyObject_Not(length);
         if (empty < 0) {
+            Py_DECREF(end);
             return NULL;
         }
-        if (empty) {
-            continue;
-        }
-        uint64_t mask;
-        as_u64(PyTuple_GET_ITEM(end, 1), &mask);
-        while (mask) {
+        while (!empty && mask) {
             int bit = __builtin_ctzll(mask);
             mask &= mask - 1;
+            if (bit >= PyList_GET_SIZE(names)) {
+                Py_DECREF(end);
+                PyErr_SetString(PyExc_RuntimeError, "spread_ends: names changed while read");
+                return NULL;
+            }
             PyObject *name = PyList_GET_ITEM(names, bit);
-            if (name != Py_None && PyDict_SetItem(table, name, length) < 0) {
+            if (name == Py_None) {
+                continue;
+            }
+            Py_INCREF(name);
+            int failed = PyDict_SetItem(table, name, length) < 0;
+            Py_DECREF(name);
+            if (failed) {
+                Py_DECREF(end);
                 return NULL;
             }
         }
+        Py_DECREF(end);
     }
     Py_RETURN_TRUE;
 }
@@ -1270,9 +1610,35 @@ static struct PyModuleDef native_module = {
     .m_methods = module_methods,
 };
 
+/* Drawn once per process: maps built before a second initialisation (another
+ * interpreter) must keep finding their keys. */
+static int draw_slot_secret(void) {
+    if (slot_secret_set) {
+        return 0;
+    }
+    PyObject *os = PyImport_ImportModule("os");
+    if (os == NULL) {
+        return -1;
+    }
+    PyObject *raw = PyObject_CallMethod(os, "urandom", "i", (int)sizeof(slot_secret));
+    Py_DECREF(os);
+    if (raw == NULL) {
+        return -1;
+    }
+    if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != (Py_ssize_t)sizeof(slot_secret)) {
+        Py_DECREF(raw);
+        PyErr_SetString(PyExc_RuntimeError, "os.urandom returned something else than asked");
+        return -1;
+    }
+    memcpy(&slot_secret, PyBytes_AS_STRING(raw), sizeof(slot_secret));
+    Py_DECREF(raw);
+    slot_secret_set = 1;
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&U64MapType) < 0 || PyType_Ready(&U64MapIterType) < 0 ||
-        PyType_Ready(&StampViewType) < 0) {
+    if (draw_slot_secret() < 0 || PyType_Ready(&U64MapType) < 0 ||
+        PyType_Ready(&U64MapIterType) < 0 || PyType_Ready(&StampViewType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&native_module);

@@ -76,6 +76,7 @@ class PrefixHasher:
         native_chain = self._native_chain
         if native_chain is not None:
             return native_chain(parent, token_ids, size)
+        _check_chain_args(parent, token_ids, size)
         blocks = len(token_ids) // size
         if blocks == 0:
             return []
@@ -88,6 +89,22 @@ class PrefixHasher:
             parent = digest(raw[offset : offset + step], parent)
             append(parent)
         return out
+
+
+def _check_chain_args(parent: int, token_ids: Sequence[int], size: int) -> None:
+    """What the compiled chain refuses (indexer/_native.c), refused here alike: xxhash would
+    take a negative or oversized parent modulo 2**64, a size below 1 would divide by zero or
+    slice backwards, and array('I', bytes) reads raw machine words instead of token ids."""
+    if not isinstance(parent, int):
+        raise TypeError(f"parent hash must be an int, not {type(parent).__name__!r}")
+    if not 0 <= parent <= _MAX_SEED:
+        raise ValueError("parent hash must be an unsigned 64-bit integer")
+    if not isinstance(size, int):
+        raise TypeError(f"block_size must be an int, not {type(size).__name__!r}")
+    if size < 1:
+        raise ValueError("block_size must be >= 1 token")
+    if isinstance(token_ids, bytes | bytearray):
+        raise ValueError("token ids must be integers in [0, 2**32), not bytes")
 
 
 def _serialize(token_ids: Sequence[int], count: int) -> bytes:
