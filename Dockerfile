@@ -23,6 +23,11 @@ COPY indexer ./indexer
 COPY subscriber ./subscriber
 COPY simulator ./simulator
 COPY bench ./bench
+# A C compiler for the index's compiled primitives (indexer/_native.c): the wheel carries
+# the built extension, so the runtime stage needs none.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 # The venv gets no pip of its own: the base image's pip installs into it (--python).
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv --without-pip /opt/kvgate \

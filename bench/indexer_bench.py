@@ -1,7 +1,9 @@
 """`kvgate bench indexer`: throughput, latency and memory of the sync prefix-hash table.
 
-Figures (JSON keys): ingest_blocks_per_s (with kvgate's GC setting, see
-gateway/runtime.py; ingest_blocks_per_s_default_gc without it), remove_blocks_per_s, match_p50_us /
+The index runs compiled where its extension is built (`config.compiled` in the JSON;
+KVGATE_PURE_PYTHON=1 measures the pure-Python path). Figures (JSON keys):
+ingest_blocks_per_s (with kvgate's GC setting, see gateway/runtime.py;
+ingest_blocks_per_s_default_gc without it), remove_blocks_per_s, match_p50_us /
 match_p99_us (128-block prompt, 8 candidates), match_p50_us_64 / match_p99_us_64 (64
 candidates), hash_2048_tokens_p50_us, bytes_per_pair (tracemalloc, whole fleet indexed).
 """
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     results["config"]["gc_thresholds"] = list(gc.get_threshold())
     table, ingest = _measure_ingest(workload)
     results["ingest_blocks_per_s"] = ingest
+    results["config"]["compiled"] = table.compiled  # KVGATE_PURE_PYTHON=1: False
     latencies = {}
     for candidates in (8, 64):
         samples = _measure_match(table, workload, candidates, matches, args.seed)

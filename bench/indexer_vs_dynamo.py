@@ -311,8 +311,17 @@ def measure(quick: bool) -> dict[str, Any]:
     small = _measure_fleet(8, 2_000 if quick else 12_500, runs, queries)
     large = _measure_fleet(64, 1_000 if quick else 15_625, runs, queries)
     hashing = _measure_hashing(compute_block_hash_for_seq)
+    from indexer import SyncPrefixHashTable
+
+    compiled = SyncPrefixHashTable().compiled  # KVGATE_PURE_PYTHON=1: the pure-Python path
     results: dict[str, Any] = {
-        "config": {"quick": quick, "runs": runs, "queries": queries, "dynamo": PACKAGE},
+        "config": {
+            "quick": quick,
+            "runs": runs,
+            "queries": queries,
+            "dynamo": PACKAGE,
+            "kvgate_compiled": compiled,
+        },
         "ingest_ratio": small["kvgate_ingest"] / small["dynamo_ingest"],
         "ingest_ratio_64": large["kvgate_ingest"] / large["dynamo_ingest"],
         "remove_ratio": large["kvgate_remove"] / large["dynamo_remove"],

@@ -581,6 +581,11 @@ INDEX_SETTINGS: tuple[tuple[str, Declaration], ...] = (
         "KVGATE_HASH_SEED", _hash_seed, "an unsigned 64-bit integer (decimal or 0x hex)",
         "seed of the chained hash; identical on every replica",
         shown=hex)),
+    ("pure_python", Declaration(
+        "KVGATE_PURE_PYTHON", _bool, _BOOL_HELP,
+        "run the index on dicts and the xxhash package instead of its compiled primitives "
+        "(`indexer/_native.c`, built by the install where a C compiler is found); unset: "
+        "compiled when built")),
     ("limits.max_contexts", Declaration(
         "AIBRIX_SYNC_MAX_CONTEXTS", _positive_int, "a positive integer",
         "(model, LoRA) contexts; the least recently used goes")),

@@ -58,6 +58,10 @@ class IndexConfig:
     hash_seed: int = DEFAULT_HASH_SEED
     """Seed of the chained hash (KVGATE_HASH_SEED); identical on every replica."""
     limits: IndexLimits = IndexLimits()
+    pure_python: bool | None = None
+    """Run on plain dicts and the xxhash package even where the compiled primitives
+    (indexer/_native.c) are built (KVGATE_PURE_PYTHON); None: compiled when built, unless
+    the process's KVGATE_PURE_PYTHON says otherwise (see indexer/native.py)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -3,8 +3,7 @@ the periodic eviction pass that also expires router-side entries."""
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 
 from indexer.block import PrefixStore
@@ -25,6 +24,7 @@ class Evictor:
         "_expected",
         "_holdings",
         "_limits",
+        "_new_store",
         "_next_run",
         "_pods",
         "_stores",
@@ -36,6 +36,7 @@ class Evictor:
     def __init__(
         self,
         limits: IndexLimits,
+        new_store: Callable[[ModelContext, float], PrefixStore],
         stores: dict[ModelContext, PrefixStore],
         pods: Mapping[str, IndexedPod],
         holdings: Holdings,
@@ -43,6 +44,7 @@ class Evictor:
         now: float,
     ) -> None:
         self._limits = limits
+        self._new_store = new_store  # the table's layout: dicts or compiled maps
         self._stores = stores  # the table's stores: this class adds and drops them
         self._pods = pods  # the table's registered pods (their entries are swept here)
         self._holdings = holdings
@@ -77,7 +79,7 @@ class Evictor:
         stores = self._stores
         store = stores.get(context)
         if store is None:
-            store = stores[context] = PrefixStore(context, now)
+            store = stores[context] = self._new_store(context, now)
             while len(stores) > self._limits.max_contexts:
                 oldest = min((s for s in stores.values() if s is not store), key=_last_access)
                 self._drop_store(oldest)
@@ -86,15 +88,10 @@ class Evictor:
     def trim(self, store: PrefixStore) -> None:
         """Evict the least recently used blocks of a store over its cap."""
         keep = int(self._limits.max_prefixes_per_context * _EVICT_TO)
-        access = store.access
-        excess = len(access) - keep
+        excess = len(store.held) - keep
         if excess <= 0:
             return
-        # Oldest first; among equally old blocks the newest inserted first, which takes a
-        # chain from its tail (children are created after their parents): a tail left
-        # without its root could never be matched.
-        newest_first = reversed(access.keys())
-        if self._kill_all(store, heapq.nsmallest(excess, newest_first, key=access.__getitem__)):
+        if self._kill_all(store, store.lru(excess)):  # chains tail first (see `lru`)
             self._sweep_dead_refs(store)
 
     def _drop_store(self, store: PrefixStore) -> None:

@@ -9,15 +9,20 @@ ids never exceed 2**32 in any tokenizer we route for). The seed is configuration
 random: every replica and every restart must compute the same hashes, or snapshots and
 peer replicas would disagree. `HASH_VERSION` names this definition; snapshots record it
 (as their format version) and a process refuses hashes of another definition.
+
+With the compiled primitives (indexer/native.py) the same hashes come from C: one call
+for the whole prompt instead of a slice and an xxhash call per block.
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import xxhash
+
+from indexer.native import load_native
 
 DEFAULT_HASH_SEED = 0x6B76_6761_7465  # "kvgate" — any fixed value works; keep it stable.
 HASH_VERSION = 2
@@ -31,18 +36,32 @@ if array("I").itemsize != _TOKEN_BYTES:  # pragma: no cover - no such platform i
 class PrefixHasher:
     """Computes the gateway's chained block hashes; only full blocks are hashed."""
 
-    __slots__ = ("block_size", "seed")
+    __slots__ = ("_native_chain", "block_size", "seed")
 
-    def __init__(self, block_size: int, seed: int = DEFAULT_HASH_SEED) -> None:
+    def __init__(
+        self, block_size: int, seed: int = DEFAULT_HASH_SEED, *, pure_python: bool | None = None
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1 token, got {block_size}")
         if not 0 <= seed <= _MAX_SEED:
             raise ValueError(f"hash seed must be an unsigned 64-bit integer, got {seed}")
         self.block_size = block_size
         self.seed = seed
+        native = load_native(pure_python)
+        self._native_chain: Callable[[int, Sequence[int], int], list[int]] | None = (
+            None if native is None else native.chain
+        )
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the hashes come from the compiled primitives."""
+        return self._native_chain is not None
 
     def prefix_hashes(self, token_ids: Sequence[int]) -> list[int]:
         """Hashes of every full block of a prompt, chained from the seed."""
+        native_chain = self._native_chain
+        if native_chain is not None:
+            return native_chain(self.seed, token_ids, self.block_size)
         return self.chain(self.seed, token_ids)
 
     def chain(
@@ -54,6 +73,10 @@ class PrefixHasher:
         re-chunks an engine's larger blocks.
         """
         size = self.block_size if block_size is None else block_size
+        native_chain = self._native_chain
+        if native_chain is not None:
+            return native_chain(parent, token_ids, size)
+        _check_chain_args(parent, token_ids, size)
         blocks = len(token_ids) // size
         if blocks == 0:
             return []
@@ -66,6 +89,22 @@ class PrefixHasher:
             parent = digest(raw[offset : offset + step], parent)
             append(parent)
         return out
+
+
+def _check_chain_args(parent: int, token_ids: Sequence[int], size: int) -> None:
+    """What the compiled chain refuses (indexer/_native.c), refused here alike: xxhash would
+    take a negative or oversized parent modulo 2**64, a size below 1 would divide by zero or
+    slice backwards, and array('I', bytes) reads raw machine words instead of token ids."""
+    if not isinstance(parent, int):
+        raise TypeError(f"parent hash must be an int, not {type(parent).__name__!r}")
+    if not 0 <= parent <= _MAX_SEED:
+        raise ValueError("parent hash must be an unsigned 64-bit integer")
+    if not isinstance(size, int):
+        raise TypeError(f"block_size must be an int, not {type(size).__name__!r}")
+    if size < 1:
+        raise ValueError("block_size must be >= 1 token")
+    if isinstance(token_ids, bytes | bytearray):
+        raise ValueError("token ids must be integers in [0, 2**32), not bytes")
 
 
 def _serialize(token_ids: Sequence[int], count: int) -> bytes:

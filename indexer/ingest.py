@@ -266,7 +266,8 @@ class Ingest:
         base = state.base
         # The common case, inlined below: a base-context block on GPU only, no extra refs.
         fast = base is not None and not state.extra_refs[tier]
-        held = base.held if base is not None else {}
+        no_blocks: dict[int, int] = {}
+        held = base.held if base is not None else no_blocks
         held_get = held.get
         base_tiers = base.tiers if base is not None else {}
         clear = ~state.bit

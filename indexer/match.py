@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
-from itertools import repeat
 
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
@@ -124,6 +123,30 @@ class IndexStats:
     eviction_runs: int
 
 
+Spread = Callable[[dict[str, int], list[str | None], list[tuple[int, int]]], bool]
+"""`_native.spread_ends`: `MatchedBlocks.table`'s bit loop in C."""
+
+
+class Candidates:
+    """A candidate list as `match` uses it, resolved once per distinct list (the table
+    remembers it until a pod's bit changes): name -> pod bit (0 for an unknown pod), the
+    inverse for the known bits, by bit index too, and the OR of the bits."""
+
+    __slots__ = ("alive", "bits", "by_bit", "by_index", "spread")
+
+    def __init__(self, bits: dict[str, int], spread: Spread | None) -> None:
+        self.bits = bits
+        self.by_bit = {bit: name for name, bit in bits.items() if bit}
+        alive = 0
+        for bit in self.by_bit:
+            alive |= bit
+        self.alive = alive
+        self.by_index: list[str | None] = [None] * alive.bit_length()
+        for bit, name in self.by_bit.items():
+            self.by_index[bit.bit_length() - 1] = name
+        self.spread = spread  # None on the pure-Python path
+
+
 class MatchedBlocks(Mapping[str, int]):
     """Candidate pod -> matched blocks, resolved on lookup from the walk's ends.
 
@@ -133,16 +156,11 @@ class MatchedBlocks(Mapping[str, int]):
     built once, in time proportional to the pods that matched something).
     """
 
-    __slots__ = ("_bits", "_by_bit", "_ends", "_table")
+    __slots__ = ("_bits", "_candidates", "_ends", "_table")
 
-    def __init__(
-        self,
-        bits: Mapping[str, int],
-        ends: Sequence[tuple[int, int]],
-        by_bit: Mapping[int, str],
-    ) -> None:
-        self._bits = bits
-        self._by_bit = by_bit  # the inverse of `bits` for the known (non-zero) bits
+    def __init__(self, candidates: Candidates, ends: list[tuple[int, int]]) -> None:
+        self._candidates = candidates
+        self._bits = candidates.bits
         self._ends = ends  # (matched length, mask of the pods that stop there), ascending
         self._table: dict[str, int] | None = None
 
@@ -180,8 +198,12 @@ class MatchedBlocks(Mapping[str, int]):
         table = self._table
         if table is None:
             table = self._table = dict.fromkeys(self._bits, 0)
-            by_bit = self._by_bit
-            for length, mask in self._ends:
+            candidates, ends = self._candidates, self._ends
+            spread = candidates.spread
+            if not ends or (spread is not None and spread(table, candidates.by_index, ends)):
+                return table
+            by_bit = candidates.by_bit
+            for length, mask in ends:
                 if not length:
                     continue
                 while mask:
@@ -202,45 +224,23 @@ _SCAN_ENDS = 4
 
 
 def match_prefix(
-    store: PrefixStore | None,
-    bits: Mapping[str, int],
-    by_bit: Mapping[int, str],
-    alive: int,
-    prefix_hashes: Sequence[int],
-    now: float,
+    store: PrefixStore | None, candidates: Candidates, prefix_hashes: Sequence[int], now: float
 ) -> MatchResult:
-    """For each candidate (name -> pod bit, 0 if unknown; `by_bit` its inverse for the
-    known bits; `alive` the OR of the bits), how
-    many blocks of `store` from the prompt's start it holds.
+    """For each candidate, how many blocks of `store` from the prompt's start it holds.
 
     Walks the prompt's blocks once, keeping the mask of candidates still matching (an int
     AND per block), and stops as soon as none is.
     """
     total = len(prefix_hashes)
+    bits, alive = candidates.bits, candidates.alive
     if store is None or alive == 0 or not total:
-        return MatchResult(total, MatchedBlocks(bits, (), by_bit), bits)
+        return MatchResult(total, MatchedBlocks(candidates, []), bits)
     store.last_access = now
-    get = store.held.get
-    ends: list[tuple[int, int]] = []  # (matched length, mask of pods that stop there)
-    matched = 0
-    for gw_hash in prefix_hashes:
-        mask = get(gw_hash)
-        if mask is None:
-            break
-        still = mask & alive
-        if still != alive:
-            if not still:
-                break
-            ends.append((matched, alive ^ still))
-            alive = still
-        matched += 1
-    ends.append((matched, alive))
-    held = prefix_hashes[:matched]
-    store.access.update(zip(held, repeat(now)))
+    ends = store.walk(prefix_hashes, alive, now)
     tiered: list[tuple[int, tuple[int, ...]]] = []
     off_gpu = 0
     tiers = store.tiers
-    if tiers and not tiers.keys().isdisjoint(held):
+    if tiers and not tiers.keys().isdisjoint(held := prefix_hashes[: ends[-1][0]]):
         for index, gw_hash in enumerate(held):
             block_masks = tiers.get(gw_hash)
             if block_masks is not None:
@@ -248,4 +248,4 @@ def match_prefix(
                 off_gpu |= (
                     block_masks[_CPU] | block_masks[_STORAGE] | block_masks[_EXPECTED]
                 ) & ~block_masks[_GPU]
-    return MatchResult(total, MatchedBlocks(bits, ends, by_bit), bits, tuple(tiered), off_gpu)
+    return MatchResult(total, MatchedBlocks(candidates, ends), bits, tuple(tiered), off_gpu)

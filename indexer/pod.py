@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from indexer.block import PrefixStore
+from indexer.native import BlockMap
 from indexer.types import EngineHash, ModelContext, Tier
 
 _Key = TypeVar("_Key", bound=Hashable)
@@ -94,6 +95,7 @@ class IndexedPod:
         *,
         publishes_events: bool,
         lora_names: Mapping[int, str],
+        new_map: Callable[[], BlockMap[EngineHash, Target]],
     ) -> None:
         self.name = name
         self.bit = bit
@@ -101,7 +103,9 @@ class IndexedPod:
         self.base_context = ModelContext(model)
         self.publishes_events = publishes_events
         self.lora_names = dict(lora_names)
-        self.entries: tuple[dict[EngineHash, Target], ...] = ({}, {}, {})
+        # The big maps (one item per engine block): dicts, or compiled maps that keep int
+        # keys and values unboxed (see indexer/native.py).
+        self.entries: tuple[BlockMap[EngineHash, Target], ...] = (new_map(), new_map(), new_map())
         self.partials: tuple[dict[EngineHash, Partial], ...] = ({}, {}, {})
         self.copies: tuple[dict[EngineHash, int], ...] = ({}, {}, {})
         self.extra_refs: tuple[dict[Key, int], ...] = ({}, {}, {})

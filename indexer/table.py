@@ -20,17 +20,19 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 
 from indexer import pod_views
-from indexer.block import PrefixStore
+from indexer.block import CompiledStore, PrefixStore
 from indexer.config import IndexConfig
 from indexer.eviction import Evictor
 from indexer.expected import ExpectedEntries
 from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
 from indexer.ingest import Ingest
-from indexer.match import IndexStats, MatchResult, match_prefix
-from indexer.pod import IndexedPod
+from indexer.match import Candidates, IndexStats, MatchResult, match_prefix
+from indexer.native import BlockMap, load_native
+from indexer.pod import IndexedPod, Target
 from indexer.snapshot import PodIndexState
 from indexer.types import (
     EngineHash,
@@ -39,9 +41,6 @@ from indexer.types import (
     Tier,
     UnknownPodError,
 )
-
-_Candidates = tuple[dict[str, int], dict[int, str], int]
-"""A candidate list's (name -> pod bit, bit -> name for the known pods, OR of the bits)."""
 
 _CANDIDATE_LISTS = 256
 """Distinct candidate lists remembered by `match` (a fleet has a handful: per model, per
@@ -58,7 +57,10 @@ class SyncPrefixHashTable:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config or IndexConfig()
-        self.hasher = PrefixHasher(self.config.block_size, self.config.hash_seed)
+        native = self._native = load_native(self.config.pure_python)
+        self.hasher = PrefixHasher(
+            self.config.block_size, self.config.hash_seed, pure_python=native is None
+        )
         limits = self._limits = self.config.limits
         self._clock = clock
         self._stores: dict[ModelContext, PrefixStore] = {}
@@ -67,14 +69,19 @@ class SyncPrefixHashTable:
         self._free_bits: list[int] = []
         self._next_bit_index = 0
         self._epochs = 0  # source of IndexedPod.epoch: bumped on every registration and clear
-        self._candidates: dict[tuple[str, ...], _Candidates] = {}
-        """Candidate lists seen by `match` -> (name -> pod bit, bit -> name, OR of the
-        bits); emptied
-        whenever a pod's bit changes, so a match does not rebuild it for every request."""
+        self._candidates: dict[tuple[str, ...], Candidates] = {}
+        """Candidate lists seen by `match`, resolved; emptied whenever a pod's bit changes,
+        so a match does not rebuild them for every request."""
         self._holdings = Holdings(self._by_bit)
         self._expected = ExpectedEntries(self._pods, self._holdings, limits.max_expected_per_pod)
+        new_store: Callable[[ModelContext, float], PrefixStore] = PrefixStore
+        new_map: Callable[[], BlockMap[EngineHash, Target]] = dict[EngineHash, Target]
+        if native is not None:
+            new_store = partial(CompiledStore, native=native)
+            new_map = native.map_type
+        self._new_map = new_map
         self._evictor = Evictor(
-            limits, self._stores, self._pods, self._holdings, self._expected, clock()
+            limits, new_store, self._stores, self._pods, self._holdings, self._expected, clock()
         )
         self._ingest = Ingest(self.hasher, limits, self._holdings, self._evictor)
 
@@ -108,6 +115,7 @@ class SyncPrefixHashTable:
             model,
             publishes_events=publishes_events,
             lora_names=lora_names or {},
+            new_map=self._new_map,
         )
         self._pods[pod] = state
         self._by_bit[state.bit] = state
@@ -124,6 +132,11 @@ class SyncPrefixHashTable:
         del self._by_bit[state.bit]
         self._candidates.clear()
         heapq.heappush(self._free_bits, state.bit.bit_length() - 1)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this table runs on the compiled primitives (else pure Python)."""
+        return self._native is not None
 
     def pods(self) -> list[str]:
         return list(self._pods)
@@ -225,8 +238,7 @@ class SyncPrefixHashTable:
         found = self._candidates.get(key)
         if found is None:
             found = self._candidate_bits(key)
-        bits, by_bit, alive = found
-        return match_prefix(self._stores.get(context), bits, by_bit, alive, prefix_hashes, now)
+        return match_prefix(self._stores.get(context), found, prefix_hashes, now)
 
     def dump(self, pod: str) -> set[EngineHash]:
         """Engine hashes the index believes `pod` holds, in any tier."""
@@ -325,16 +337,14 @@ class SyncPrefixHashTable:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _candidate_bits(self, names: tuple[str, ...]) -> _Candidates:
+    def _candidate_bits(self, names: tuple[str, ...]) -> Candidates:
         pods = self._pods
         bits = {name: pods[name].bit if name in pods else 0 for name in names}
-        by_bit = {bit: name for name, bit in bits.items() if bit}
-        alive = 0
-        for bit in by_bit:
-            alive |= bit
+        native = self._native
+        found = Candidates(bits, None if native is None else native.spread_ends)
         if len(self._candidates) >= _CANDIDATE_LISTS:
             self._candidates.clear()
-        self._candidates[names] = found = (bits, by_bit, alive)
+        self._candidates[names] = found
         return found
 
     def _state(self, pod: str) -> IndexedPod:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,16 @@ def test_installed_wheel_runs_kvgate(installed: Path, tmp_path: Path) -> None:
     code = "import gateway; print(gateway.__file__)"
     where = _run([str(installed / "bin" / "python"), "-c", code], cwd=tmp_path)
     assert where.stdout.strip().startswith(str(installed)), where.stdout
+    # The wheel carries the index's compiled primitives: built where a C compiler is (the
+    # image's build stage installs one), imported from the wheel, not from this checkout.
+    if shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0]) is not None:
+        code = (
+            "import indexer, indexer._native as native\n"
+            "assert indexer.SyncPrefixHashTable().compiled\n"
+            "print(native.__file__)"
+        )
+        native = _run([str(installed / "bin" / "python"), "-c", code], cwd=tmp_path)
+        assert native.stdout.strip().startswith(str(installed)), native.stderr
 
 
 async def _exit_code(*command: str, env: dict[str, str]) -> int:
