@@ -26,6 +26,9 @@ class MatchResult:
     _tiered: tuple[tuple[int, tuple[int, ...]], ...] = field(default=(), repr=False)
     _off_gpu: int = field(default=0, repr=False)
     """Pods (bits) holding some tiered block off-GPU or merely expecting it."""
+    _offloaded: int = field(default=0, repr=False)
+    """Of those, the pods that may hold some matched block on CPU or STORAGE but not on
+    GPU: the blocks that cost a load to reuse."""
 
     def matched(self, pod: str) -> int:
         return self.blocks.get(pod, 0)
@@ -46,6 +49,18 @@ class MatchResult:
         """Whether some pod's matched blocks may sit off-GPU (or only be expected): when
         False, `tiered` is False for every pod and `blocks` is the whole answer."""
         return bool(self._off_gpu)
+
+    @property
+    def offloaded(self) -> bool:
+        """Whether some pod may hold a matched block on CPU or STORAGE and not on GPU: when
+        False, every matched block is on GPU or expected there (both free to reuse), and
+        `blocks` says what each pod saves."""
+        return bool(self._offloaded)
+
+    def offloaded_for(self, pod: str) -> bool:
+        """Whether `pod` may hold some matched block on CPU or STORAGE and not on GPU; False
+        means it holds none (its matched blocks are on GPU or expected there)."""
+        return bool(self._offloaded & self._bits.get(pod, 0))
 
     def lengths(self) -> Mapping[str, int]:
         """`blocks` as a plain mapping (candidate -> matched blocks), resolved once: for a
@@ -238,14 +253,16 @@ def match_prefix(
     store.last_access = now
     ends = store.walk(prefix_hashes, alive, now)
     tiered: list[tuple[int, tuple[int, ...]]] = []
-    off_gpu = 0
+    off_gpu = offloaded = 0
     tiers = store.tiers
     if tiers and not tiers.keys().isdisjoint(held := prefix_hashes[: ends[-1][0]]):
         for index, gw_hash in enumerate(held):
             block_masks = tiers.get(gw_hash)
             if block_masks is not None:
                 tiered.append((index, tuple(block_masks)))
-                off_gpu |= (
-                    block_masks[_CPU] | block_masks[_STORAGE] | block_masks[_EXPECTED]
-                ) & ~block_masks[_GPU]
-    return MatchResult(total, MatchedBlocks(candidates, ends), bits, tuple(tiered), off_gpu)
+                loaded = (block_masks[_CPU] | block_masks[_STORAGE]) & ~block_masks[_GPU]
+                off_gpu |= (loaded | block_masks[_EXPECTED]) & ~block_masks[_GPU]
+                offloaded |= loaded
+    return MatchResult(
+        total, MatchedBlocks(candidates, ends), bits, tuple(tiered), off_gpu, offloaded
+    )

@@ -46,7 +46,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
 
@@ -65,6 +65,24 @@ _MAX_STEP_S = 5.0
 """A gap between step boundaries longer than this was idle time, not a step."""
 _STEP_HISTORY = 8
 """Recent steps whose shortest is the pod's pure decode step."""
+_FRESH_THETA_ANSWERS = 200
+"""Until the model has learned from this many answers, every decision uses its latest θ."""
+_THETA_REFRESH_S = 0.05
+"""Afterwards decisions take a new θ at most this often (it moves a little per answer)."""
+
+
+class ScrapedPod(Protocol):
+    """A candidate as a decision sees it: its name and the engine's counts at its last
+    scrape (every gateway replica's requests)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def scraped_at(self) -> float | None: ...
+    @property
+    def running(self) -> float: ...
+    @property
+    def waiting(self) -> float: ...
 
 
 class Prediction(NamedTuple):
@@ -124,6 +142,25 @@ def _pod_coefficients(theta: tuple[float, ...], speed: float) -> tuple[float, ..
     return tuple(c if i == STEP_TERM else c * speed for i, c in enumerate(theta))
 
 
+@dataclass(frozen=True, slots=True)
+class _Estimate:
+    """A pod's TTFT for any prompt, as of its work `version`, the decisions' θ and its last
+    scrape: `base_s + unit_s · own tokens + θ5 · max(0, step_end − now)`."""
+
+    version: int
+    theta_version: int
+    scraped_at: float | None
+    base_s: float
+    unit_s: float
+    step_end: float
+    pending: float
+    pending_requests: float
+    decoding: float
+    busy: float
+    in_step: float
+    speed: float
+
+
 @dataclass(slots=True)
 class _PodWork:
     """What this gateway has outstanding on one pod, and what it has seen of its steps."""
@@ -158,6 +195,9 @@ class _PodWork:
     unobserved: list[tuple[float, int, Ticket]] = field(default_factory=list)
     """Heap of (expected first byte, id, ticket) for answers whose first byte is not their
     TTFT (non-streamed): their prefill is taken as done at the predicted time."""
+    version: int = 0
+    """Bumped whenever anything above changes (it invalidates `estimate`)."""
+    estimate: _Estimate | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -193,6 +233,12 @@ class CostModel:
         """Sum of the answered pods' log-speeds (their mean is a new pod's speed)."""
         self._answered = 0
         self._tickets = 0
+        self._theta = self.fleet.coefficients
+        """θ as decisions use it (`_refresh_theta`), with the typical speed of that moment."""
+        self._typical_speed = 1.0
+        self._theta_observations = 0
+        self._theta_at = -math.inf
+        self._theta_version = 0
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -222,75 +268,140 @@ class CostModel:
         now: float | None = None,
     ) -> list[Prediction]:
         """`predict` for each (pod, cached tokens, scraped at, running, waiting): one
-        decision's candidates in one loop (a decision predicts every pod of the model)."""
+        decision's candidates in one loop (a decision predicts every pod of the model).
+
+        What does not depend on the request is kept per pod (`_Estimate`) until the pod's
+        work, its scrape or the decisions' θ changes, so a decision mostly costs one
+        multiply-add per pod."""
         if now is None:
             now = self._clock()
-        pods, work_for = self._pods, self._work
-        theta = self.fleet.coefficients
-        t0, t1, t2, t3, t4, t5, t6 = theta
-        typical = self.typical_speed()
+        fleet = self.fleet
+        if fleet.observations != self._theta_observations and (
+            fleet.observations < _FRESH_THETA_ANSWERS or now - self._theta_at >= _THETA_REFRESH_S
+        ):
+            self._refresh_theta(now)
+        theta, version, t5 = self._theta, self._theta_version, self._theta[STEP_TERM]
+        pods, work_for, estimate = self._pods, self._work, self._estimate
         make = tuple.__new__  # Prediction(...) runs namedtuple's Python-level __new__
         predictions: list[Prediction] = []
         append = predictions.append
         for pod, cached_tokens, scraped_at, running, waiting in candidates:
             work = pods.get(pod) or work_for(pod)
-            if work.unobserved:
+            if work.unobserved and work.unobserved[0][0] <= now:
                 self._expire(work, now)
-            prefilling = work.prefilling
-            in_step = work.in_step_tokens
-            pending = work.prefill_tokens - in_step
-            pending_requests = float(prefilling - work.in_step_requests)
-            decoding = float(work.decoding)
-            busy = prefilling or work.decoding
-            if scraped_at is not None:
-                at_scrape = work.at_scrape
-                if at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
-                    at_scrape = work.at_scrape = (scraped_at, prefilling, work.decoding)
-                ours_prefilling = at_scrape[1]
-                # The engine counts every replica's requests; ours in prefill may be running
-                # or waiting there, so only what exceeds all of ours is another replica's.
-                others = running + waiting - ours_prefilling - at_scrape[2]
-                if others > 0.0 and others != math.inf:  # (NaN fails the first test)
-                    others_waiting = waiting - ours_prefilling
-                    if others_waiting > others:
-                        others_waiting = others
-                    elif others_waiting < 0.0:
-                        others_waiting = 0.0
-                    pending += others_waiting * work.mean_tokens
-                    pending_requests += others_waiting
-                    decoding += others - others_waiting
-                    busy = 1
+            e = work.estimate
+            if (
+                e is None
+                or e.version != work.version
+                or e.theta_version != version
+                or e.scraped_at != scraped_at
+            ):
+                e = estimate(work, scraped_at, running, waiting)
             own = prompt_tokens - cached_tokens
             if own < 0.0:
                 own = 0.0
-            speed = typical if work.speed is None else work.speed.factor
-            remaining = 0.0
-            if busy:
-                elapsed = now - work.step_start
-                if elapsed < _MAX_STEP_S:
-                    remaining = (
-                        work.decode_step_s
-                        + speed * (t1 * in_step / _TOKEN_UNIT + t0 * work.in_step_requests)
-                        - elapsed
-                    )
-                    if remaining < 0.0:
-                        remaining = 0.0
-            ttft = (
-                speed
-                * (
-                    t0
-                    + t1 * (own + pending) / _TOKEN_UNIT
-                    + t2 * pending_requests / _SEQ_UNIT
-                    + t3 * decoding / _SEQ_UNIT
-                    + (t4 if busy else 0.0)
-                    + t6 * in_step / _TOKEN_UNIT
-                )
-                + t5 * remaining
-            )
-            values = (pod, ttft, own, pending, pending_requests, decoding, theta,
-                      1.0 if busy else 0.0, remaining, in_step, speed)  # fmt: skip
+            remaining = e.step_end - now
+            if remaining < 0.0:
+                remaining = 0.0
+            values = (pod, e.base_s + e.unit_s * own + t5 * remaining, own, e.pending,
+                      e.pending_requests, e.decoding, theta, e.busy, remaining, e.in_step,
+                      e.speed)  # fmt: skip
             append(make(Prediction, values))
         return predictions
+
+    def rank_costs(
+        self, pods: Sequence[ScrapedPod], cached: Sequence[float], prompt_tokens: int
+    ) -> tuple[list[float], list[float]]:
+        """Each pod's predicted TTFT and, within it, this request's own prefill (s), in the
+        order of `pods` (`cached`: the tokens each holds): what a picker ranks by, without
+        a `Prediction` per pod (the chosen pod's is made when the request is dispatched)."""
+        now = self._clock()
+        fleet = self.fleet
+        if fleet.observations != self._theta_observations and (
+            fleet.observations < _FRESH_THETA_ANSWERS or now - self._theta_at >= _THETA_REFRESH_S
+        ):
+            self._refresh_theta(now)
+        version, t5 = self._theta_version, self._theta[STEP_TERM]
+        works, work_for, estimate = self._pods, self._work, self._estimate
+        ttfts: list[float] = []
+        prefills: list[float] = []
+        for state, held in zip(pods, cached, strict=True):
+            name = state.name
+            work = works.get(name) or work_for(name)
+            if work.unobserved and work.unobserved[0][0] <= now:
+                self._expire(work, now)
+            e = work.estimate
+            scraped_at = state.scraped_at
+            if (
+                e is None
+                or e.version != work.version
+                or e.theta_version != version
+                or e.scraped_at != scraped_at
+            ):
+                e = estimate(work, scraped_at, state.running, state.waiting)
+            own = prompt_tokens - held
+            prefill = e.unit_s * own if own > 0.0 else 0.0
+            remaining = e.step_end - now
+            ttfts.append(
+                e.base_s + prefill + t5 * remaining if remaining > 0.0 else e.base_s + prefill
+            )
+            prefills.append(prefill)
+        return ttfts, prefills
+
+    def _refresh_theta(self, now: float) -> None:
+        """Decisions use θ as of their last refresh: every answer moves it a little, and
+        refreshing at most every `_THETA_REFRESH_S` (once it has settled) keeps the pods'
+        estimates valid across a burst of decisions."""
+        self._theta = self.fleet.coefficients
+        self._typical_speed = self.typical_speed()
+        self._theta_observations = self.fleet.observations
+        self._theta_at = now
+        self._theta_version += 1
+
+    def _estimate(
+        self, work: _PodWork, scraped_at: float | None, running: float, waiting: float
+    ) -> _Estimate:
+        """What the pod's TTFT is made of, whatever the request's prompt."""
+        t0, t1, t2, t3, t4, _, t6 = self._theta
+        prefilling = work.prefilling
+        in_step = work.in_step_tokens
+        pending = work.prefill_tokens - in_step
+        pending_requests = float(prefilling - work.in_step_requests)
+        decoding = float(work.decoding)
+        busy = bool(prefilling or work.decoding)
+        if scraped_at is not None:
+            at_scrape = work.at_scrape
+            if at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
+                at_scrape = work.at_scrape = (scraped_at, prefilling, work.decoding)
+            ours_prefilling = at_scrape[1]
+            # The engine counts every replica's requests; ours in prefill may be running
+            # or waiting there, so only what exceeds all of ours is another replica's.
+            others = running + waiting - ours_prefilling - at_scrape[2]
+            if others > 0.0 and others != math.inf:  # (NaN fails the first test)
+                others_waiting = min(others, max(0.0, waiting - ours_prefilling))
+                pending += others_waiting * work.mean_tokens
+                pending_requests += others_waiting
+                decoding += others - others_waiting
+                busy = True
+        speed = self._typical_speed if work.speed is None else work.speed.factor
+        step_end = -math.inf
+        if busy:
+            in_step_s = speed * (t1 * in_step / _TOKEN_UNIT + t0 * work.in_step_requests)
+            step_end = work.step_start + work.decode_step_s + in_step_s
+        base = (
+            t0
+            + t1 * pending / _TOKEN_UNIT
+            + t2 * pending_requests / _SEQ_UNIT
+            + t3 * decoding / _SEQ_UNIT
+            + (t4 if busy else 0.0)
+            + t6 * in_step / _TOKEN_UNIT
+        )
+        e = work.estimate = _Estimate(
+            work.version, self._theta_version, scraped_at, speed * base,
+            speed * t1 / _TOKEN_UNIT, step_end, pending, pending_requests, decoding,
+            1.0 if busy else 0.0, in_step, speed,
+        )  # fmt: skip
+        return e
 
     def typical_speed(self) -> float:
         """The answered pods' typical speed (geometric mean): a new pod's until it answers."""
@@ -350,6 +461,7 @@ class CostModel:
             if work.unobserved:
                 self._expire(work, self._clock())
             work.at_scrape = (at, work.prefilling, work.decoding)
+            work.version += 1
 
     def pulse(self, pod: str) -> None:
         """A chunk of `pod`'s answer (any answer) arrived now: one of its steps just ended.
@@ -371,6 +483,7 @@ class CostModel:
             work.step_start = now
             work.in_step_tokens = work.prefill_tokens
             work.in_step_requests = work.prefilling
+            work.version += 1
         work.last_chunk = now
 
     # -- a request's life -----------------------------------------------------------------
@@ -387,6 +500,7 @@ class CostModel:
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
+        work.version += 1
         if not streamed:
             expected = ticket.started + prediction.ttft_s
             heapq.heappush(work.unobserved, (expected, ticket.number, ticket))
@@ -410,6 +524,7 @@ class CostModel:
         ticket.phase = "decode"
         if work is not None:
             work.decoding += 1
+            work.version += 1
         if not ticket.streamed:
             return None
         now = self._clock()
@@ -433,6 +548,7 @@ class CostModel:
                 if observed > fixed:
                     work.speed.learn(observed - fixed, scaled, self.params)
                 self._log_speeds += work.speed.log - before
+                work.version += 1
             self.fleet.learn(x, observed / speed)
         return observed
 
@@ -443,6 +559,7 @@ class CostModel:
             self._leave_prefill(ticket, work)
         elif ticket.phase == "decode" and work is not None:
             work.decoding -= 1
+            work.version += 1
         ticket.phase = "done"
 
     # -- pods -----------------------------------------------------------------------------
@@ -516,6 +633,7 @@ class CostModel:
         else:
             self._log_speeds -= work.speed.log
         work.speed = speed
+        work.version += 1
         self._log_speeds += speed.log
 
     def _drop(self, name: str) -> None:
@@ -528,6 +646,7 @@ class CostModel:
         if work is None:
             return
         own = ticket.prediction.own_tokens
+        work.version += 1
         work.prefill_tokens = max(0.0, work.prefill_tokens - own)
         work.prefilling = max(0, work.prefilling - 1)
         if ticket.started < work.step_start:
@@ -545,6 +664,7 @@ class CostModel:
                 self._leave_prefill(ticket, work)
                 ticket.phase = "decode"
                 work.decoding += 1
+                work.version += 1
 
 
 def _speed_from(state: Any) -> PodSpeed | None:

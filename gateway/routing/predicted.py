@@ -9,7 +9,29 @@ from gateway.errors import SloUnreachable
 from gateway.registry import PodState
 from gateway.routing.cost import CostModel, Prediction
 from gateway.routing.request import RoutingRequest
-from indexer import Tier
+from indexer import MatchResult, Tier
+
+
+def cached_tokens(
+    cost: CostModel, block_size: int, match: MatchResult | None, names: Sequence[str]
+) -> list[float]:
+    """The prompt tokens each of `names` need not prefill, from the match (GPU and expected
+    blocks free, CPU and STORAGE blocks at their load cost)."""
+    if match is None:
+        return [0.0] * len(names)
+    block = float(block_size)
+    if not match.offloaded:  # on GPU or expected there: the lengths are the whole answer
+        lengths = match.lengths()
+        return [lengths.get(name, 0) * block for name in names]
+    cached = []
+    for name in names:
+        if not match.offloaded_for(name):
+            cached.append(match.matched(name) * block)
+        else:
+            counts = match.tier_counts(name)
+            gpu, cpu, storage = counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE]
+            cached.append(cost.cached_tokens(gpu, cpu, storage, counts[Tier.EXPECTED], block_size))
+    return cached
 
 
 def predict_all(
@@ -18,36 +40,18 @@ def predict_all(
     request: RoutingRequest,
     pods: Sequence[PodState],
 ) -> dict[str, Prediction]:
-    """Each candidate's predicted TTFT for this request (computed once per decision)."""
+    """Each candidate's predicted TTFT for this request, with its terms (computed once per
+    decision and pod)."""
     predictions = request.state.predictions
     missing = [pod for pod in pods if pod.pod.name not in predictions] if predictions else pods
     if not missing:
         return predictions
-    match = request.match
-    block = float(block_size)
-    if match is None:
-        candidates = [(pod.pod.name, 0.0, pod.scraped_at, pod.running, pod.waiting)
-                      for pod in missing]  # fmt: skip
-    elif not match.off_gpu:  # every matched block on GPU: the lengths are the whole answer
-        lengths = match.lengths()
-        candidates = [
-            (pod.pod.name, lengths.get(pod.pod.name, 0) * block, pod.scraped_at, pod.running,
-             pod.waiting)
-            for pod in missing
-        ]  # fmt: skip
-    else:
-        candidates = []
-        for pod in missing:
-            name = pod.pod.name
-            if not match.tiered(name):
-                cached = match.matched(name) * block
-            else:
-                counts = match.tier_counts(name)
-                cached = cost.cached_tokens(
-                    counts[Tier.GPU], counts[Tier.CPU], counts[Tier.STORAGE],
-                    counts[Tier.EXPECTED], block_size,
-                )  # fmt: skip
-            candidates.append((name, cached, pod.scraped_at, pod.running, pod.waiting))
+    names = [pod.pod.name for pod in missing]
+    cached = cached_tokens(cost, block_size, request.match, names)
+    candidates = [
+        (name, held, pod.scraped_at, pod.running, pod.waiting)
+        for name, held, pod in zip(names, cached, missing, strict=True)
+    ]
     for prediction in cost.predict_many(candidates, request.prompt_tokens):
         predictions[prediction.pod] = prediction
     return predictions
@@ -105,6 +109,7 @@ class MinPredictedTtftPicker:
         rng: random.Random,
         *,
         tie_tolerance: float = 0.05,
+        affinity_tolerance: float = 0.0,
         prefill_weight: float = 0.0,
         probe_rate: float = 0.02,
         placement_tolerance: float = 0.25,
@@ -114,6 +119,7 @@ class MinPredictedTtftPicker:
         self._block_size = block_size
         self._rng = rng
         self.tie_tolerance = tie_tolerance
+        self.affinity_tolerance = affinity_tolerance
         self.prefill_weight = prefill_weight
         self.probe_rate = probe_rate
         self.placement_tolerance = placement_tolerance
@@ -127,16 +133,16 @@ class MinPredictedTtftPicker:
     ) -> list[PodState]:
         if not pods:
             return []
-        predictions = predict_all(self._cost, self._block_size, request, pods)
         match = request.match
         lengths: Mapping[str, int] = match.lengths() if match is not None else {}
         names = [pod.pod.name for pod in pods]
-        ttfts = [predictions[name].ttft_s for name in names]
+        cached = cached_tokens(self._cost, self._block_size, match, names)
+        ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens)
         slo = request.slo_ttft_s
         if slo is not None:
             meeting = [i for i, ttft in enumerate(ttfts) if ttft <= slo]
             if meeting:
-                meeting.sort(key=lambda i: (-lengths.get(names[i], 0), ttfts[i]))
+                meeting.sort(key=lambda i: (-cached[i], ttfts[i]))
                 rest = [i for i, ttft in enumerate(ttfts) if ttft > slo]
                 rest.sort(key=ttfts.__getitem__)
                 return [pods[i] for i in meeting + rest]
@@ -152,49 +158,58 @@ class MinPredictedTtftPicker:
         repeat = 0 < request.prompt_blocks <= max(lengths.values(), default=0)
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         if placing:
-            least = min(predictions[name].own_tokens for name in names)
-            costs = [predictions[name].with_own_tokens(least) for name in names]
+            # As if every pod held as much as the best (the shared prefix): each pod's own
+            # prefill scaled down to the least any pod has to do.
+            prompt = request.prompt_tokens
+            least = prompt - max(cached)
+            costs = [
+                ttft - prefill * (1.0 - least / own) if (own := prompt - held) > 0 else ttft
+                for ttft, prefill, held in zip(ttfts, prefills, cached, strict=True)
+            ]
         elif self.prefill_weight:
             weight = self.prefill_weight
-            costs = [
-                ttft + weight * predictions[name].own_prefill_s()
-                for name, ttft in zip(names, ttfts, strict=True)
-            ]
+            costs = [ttft + weight * prefill for ttft, prefill in zip(ttfts, prefills, strict=True)]
         else:
             costs = ttfts
         order = sorted(range(len(pods)), key=costs.__getitem__)
-        ranking = [pods[i] for i in order]
         if self.probe_rate and self._rng.random() < self.probe_rate:
             # Now and then a stale pod goes first: a pod one unlucky answer made look slow
             # gets measured again instead of starving; a pod in use is never probed.
-            stale = [pod for pod in ranking[1:] if self._cost.stale(pod.pod.name)]
+            stale = [i for i in order[1:] if self._cost.stale(names[i])]
             if stale:  # the most avoided of them
-                ranking.remove(stale[-1])
-                ranking.insert(0, stale[-1])
-                return ranking
+                order.remove(stale[-1])
+                return [pods[stale[-1]], *(pods[i] for i in order)]
+        if not placing and self.affinity_tolerance > 0.0:
+            # A later turn stays with the pod that holds most of its conversation unless
+            # another is predicted faster by more than `affinity_tolerance`: moving repays
+            # the whole history's prefill there (and evicts someone else's) for a gain
+            # within the predictions' own error.
+            most = max(cached)
+            if most > 0.0:
+                home = next(i for i in order if cached[i] == most)  # the fastest of them
+                if costs[home] <= costs[order[0]] * (1.0 + self.affinity_tolerance):
+                    order.remove(home)
+                    return [pods[home], *(pods[i] for i in order)]
         tolerance = self.placement_tolerance if placing else self.tie_tolerance
         limit = costs[order[0]] * (1.0 + tolerance)
         ties = 1
         while ties < len(order) and costs[order[ties]] <= limit:
             ties += 1
-        if ties == 1:
-            return ranking
-        head = ranking[:ties]
-        if placing:
-            activity = self._cost.activity
-            self._rng.shuffle(head)  # equals in activity and match: no pod favoured by place
-            head.sort(
-                key=lambda pod: (round(activity(pod.pod.name), 1), -lengths.get(pod.pod.name, 0))
-            )
-        else:
-            # Near-equal predictions: keep the cache warm where it already is; among pods
-            # that hold as much, a random one (no pod is favoured by its place in the list).
-            head.sort(key=lambda pod: -lengths.get(pod.pod.name, 0))
-            most = lengths.get(head[0].pod.name, 0)
-            equal = 1
-            while equal < len(head) and lengths.get(head[equal].pod.name, 0) == most:
-                equal += 1
-            if equal > 1:
-                head.insert(0, head.pop(self._rng.randrange(equal)))
-        ranking[:ties] = head
-        return ranking
+        if ties > 1:
+            head = order[:ties]
+            if placing:
+                activity = self._cost.activity
+                self._rng.shuffle(head)  # equals in activity and match: none favoured by place
+                head.sort(key=lambda i: (round(activity(names[i]), 1), -cached[i]))
+            else:
+                # Near-equal predictions: keep the cache warm where it already is; among pods
+                # that hold as much, a random one (none is favoured by its place in the list).
+                head.sort(key=cached.__getitem__, reverse=True)
+                most = cached[head[0]]
+                equal = 1
+                while equal < ties and cached[head[equal]] == most:
+                    equal += 1
+                if equal > 1:
+                    head.insert(0, head.pop(self._rng.randrange(equal)))
+            order[:ties] = head
+        return [pods[i] for i in order]

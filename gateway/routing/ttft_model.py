@@ -184,9 +184,10 @@ class TtftModel:
 
 class PodSpeed:
     """How much slower (> 1) or faster (< 1) one pod runs than the fleet's model says,
-    learned in log space from its own answers: the first few move it in full (a new pod is
-    placed within a handful of answers), later ones by `speed_rate`, each bounded so that a
-    stalled request hardly moves it."""
+    learned in log space from its own answers, starting from the fleet's typical speed: the
+    n-th answer moves it 1/(n+1) of the way (its start counts as one answer, so one noisy
+    first answer cannot make a pod look twice as fast as its twin), later ones by
+    `speed_rate`, each pull bounded so that a stalled request hardly moves it."""
 
     __slots__ = ("factor", "log", "observations")
 
@@ -201,5 +202,5 @@ class PodSpeed:
         bound = params.max_speed_step
         pull = min(bound, max(-bound, math.log(observed / fleet_predicted) - self.log))
         self.observations += 1
-        self.log += pull * max(params.speed_rate, 1.0 / self.observations)
+        self.log += pull * max(params.speed_rate, 1.0 / (self.observations + 1))
         self.factor = math.exp(self.log)

@@ -17,6 +17,7 @@ from gateway.routing import (
     RoutingRequest,
     predict_all,
 )
+from gateway.routing.predicted import cached_tokens
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
 
 MODEL = "m"
@@ -190,7 +191,8 @@ def test_a_slow_pod_gets_less_traffic() -> None:
     for _ in range(60):  # a burst of equal requests, none answered yet
         req = request(1500)
         ranking = picker.rank(req, pods, {})
-        tickets.append(cost.start(req.state.predictions[ranking[0].name], streamed=True))
+        prediction = predict_all(cost, BLOCK, req, ranking[:1])[ranking[0].name]
+        tickets.append(cost.start(prediction, streamed=True))
         chosen[ranking[0].name] += 1
     assert chosen["slow"] > 0  # queueing on the fast pod eventually costs more
     assert chosen["fast"] >= 1.6 * chosen["slow"]
@@ -329,7 +331,8 @@ def test_first_turns_are_placed_by_activity_despite_a_shared_prefix() -> None:
         req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
                              prompt_tokens=len(prompt), opens_conversation=opens)  # fmt: skip
         chosen = picker.rank(req, pods, {})[0].name
-        cost.finish(cost.start(req.state.predictions[chosen], streamed=True))
+        prediction = predict_all(cost, BLOCK, req, [pods[names.index(chosen)]])[chosen]
+        cost.finish(cost.start(prediction, streamed=True))
         clock.now += 0.2
         return chosen
 
@@ -407,3 +410,37 @@ def test_each_pod_learns_its_speed_and_a_new_pod_starts_at_the_typical_one() -> 
         assert cost.predict(name, 2000, 0.0).ttft_s == pytest.approx(truth, rel=0.15)
     cost.forget(["fast", "slow"])  # "slower" is gone: it no longer sets the typical speed
     assert cost.speed("new") == pytest.approx((fast * slow) ** 0.5)
+
+
+def test_the_pickers_costs_are_the_predictions_themselves() -> None:
+    """The picker ranks by `rank_costs` (no Prediction per pod); the chosen pod's
+    Prediction, made at dispatch, must say the same, whatever the pods' state."""
+    clock = Clock()
+    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
+    names = ("idle", "busy", "scraped", "holder")
+    for name in names:
+        table.register_pod(name, MODEL, publishes_events=False)
+    prompt = list(range(1, 1 + 40 * BLOCK))
+    hashes = table.prefix_hashes(prompt)
+    table.add_prefix("holder", ModelContext(MODEL), hashes[:30])
+    cost = _trained_fleet(clock, dict.fromkeys(names, 1.0) | {"busy": 2.0})
+    running = cost.start(cost.predict("busy", 3000, 0.0), streamed=True)
+    cost.pulse("busy")
+    clock.now += 0.02
+    cost.pulse("busy")
+    queued = cost.start(cost.predict("busy", 1500, 0.0), streamed=True)
+    clock.now += 0.005
+    pods = [pod(name) for name in names]
+    pods[2].scraped_at, pods[2].running, pods[2].waiting = 3.0, 5.0, 2.0
+    match = table.match(ModelContext(MODEL), hashes, list(names))
+    req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match, prompt_tokens=len(prompt))
+    cached = cached_tokens(cost, BLOCK, match, list(names))
+    ttfts, prefills = cost.rank_costs(pods, cached, len(prompt))
+    predictions = predict_all(cost, BLOCK, req, pods)
+    for name, ttft, prefill in zip(names, ttfts, prefills, strict=True):
+        assert ttft == pytest.approx(predictions[name].ttft_s), name
+        assert prefill == pytest.approx(predictions[name].own_prefill_s()), name
+    assert predictions["busy"].step_remaining_s > 0 and predictions["scraped"].busy == 1.0
+    assert predictions["holder"].own_tokens == 10 * BLOCK
+    for ticket in (running, queued):
+        cost.finish(ticket)

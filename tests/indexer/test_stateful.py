@@ -278,6 +278,10 @@ class IndexMachine(RuleBasedStateMachine):
                 counts = result.tier_counts(pod)  # its fast path when all on GPU
                 assert counts == {t: expected_tiers.count(t) for t in Tier}, (pod, prompt)
                 assert result.tiered(pod) or set(expected_tiers) <= {Tier.GPU}, (pod, prompt)
+                # what costs a load to reuse (a block on CPU or STORAGE, not on GPU) is never
+                # missed: a pod not `offloaded_for` is priced from its length alone
+                if {Tier.CPU, Tier.STORAGE} & set(expected_tiers):
+                    assert result.offloaded_for(pod), (pod, prompt)
 
 
 IndexMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
