@@ -584,6 +584,11 @@ class CostModel:
         work = self._pods.get(pod)
         return 0.0 if work is None else self._decayed_activity(work, self._clock())
 
+    def load(self, pod: str) -> float:
+        """`activity` × the pod's speed: the time its recent traffic costs it, in units of
+        an average pod's (what placements balance on a mixed fleet)."""
+        return self.activity(pod) * self.speed(pod)
+
     def _decayed_activity(self, work: _PodWork, now: float) -> float:
         if not work.activity:
             return 0.0

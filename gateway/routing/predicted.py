@@ -198,9 +198,10 @@ class MinPredictedTtftPicker:
         if ties > 1:
             head = order[:ties]
             if placing:
-                activity = self._cost.activity
-                self._rng.shuffle(head)  # equals in activity and match: none favoured by place
-                head.sort(key=lambda i: (round(activity(names[i]), 1), -cached[i]))
+                # The least loaded for its speed: a pod twice as slow carries half as much.
+                load = self._cost.load
+                self._rng.shuffle(head)  # equals in load and match: none favoured by place
+                head.sort(key=lambda i: (round(load(names[i]), 1), -cached[i]))
             else:
                 # Near-equal predictions: keep the cache warm where it already is; among pods
                 # that hold as much, a random one (none is favoured by its place in the list).
