@@ -268,25 +268,65 @@ class CostModel:
         now: float | None = None,
     ) -> list[Prediction]:
         """`predict` for each (pod, cached tokens, scraped at, running, waiting): one
-        decision's candidates in one loop (a decision predicts every pod of the model).
+        decision's candidates in one loop (a decision predicts every pod of the model)."""
+        now = self._clock() if now is None else now
+        estimates = self._estimates([(c[0], c[2], c[3], c[4]) for c in candidates], now)
+        theta = self._theta
+        t5 = theta[STEP_TERM]
+        make = tuple.__new__  # Prediction(...) runs namedtuple's Python-level __new__
+        predictions: list[Prediction] = []
+        for (pod, cached_tokens, *_), e in zip(candidates, estimates, strict=True):
+            own = prompt_tokens - cached_tokens
+            if own < 0.0:
+                own = 0.0
+            remaining = e.step_end - now
+            if remaining < 0.0:
+                remaining = 0.0
+            values = (pod, e.base_s + e.unit_s * own + t5 * remaining, own, e.pending,
+                      e.pending_requests, e.decoding, theta, e.busy, remaining, e.in_step,
+                      e.speed)  # fmt: skip
+            predictions.append(make(Prediction, values))
+        return predictions
 
-        What does not depend on the request is kept per pod (`_Estimate`) until the pod's
-        work, its scrape or the decisions' θ changes, so a decision mostly costs one
-        multiply-add per pod."""
-        if now is None:
-            now = self._clock()
+    def rank_costs(
+        self, pods: Sequence[ScrapedPod], cached: Sequence[float], prompt_tokens: int
+    ) -> tuple[list[float], list[float]]:
+        """Each pod's predicted TTFT and, within it, this request's own prefill (s), in the
+        order of `pods` (`cached`: the tokens each holds): what a picker ranks by, without
+        a `Prediction` per pod (the chosen pod's is made when the request is dispatched)."""
+        now = self._clock()
+        estimates = self._estimates(
+            [(pod.name, pod.scraped_at, pod.running, pod.waiting) for pod in pods], now
+        )
+        t5 = self._theta[STEP_TERM]
+        ttfts: list[float] = []
+        prefills: list[float] = []
+        for e, held in zip(estimates, cached, strict=True):
+            own = prompt_tokens - held
+            prefill = e.unit_s * own if own > 0.0 else 0.0
+            remaining = e.step_end - now
+            ttfts.append(
+                e.base_s + prefill + t5 * remaining if remaining > 0.0 else e.base_s + prefill
+            )
+            prefills.append(prefill)
+        return ttfts, prefills
+
+    def _estimates(
+        self, pods: Iterable[tuple[str, float | None, float, float]], now: float
+    ) -> list[_Estimate]:
+        """Each (pod, scraped at, running, waiting)'s estimate as of `now`: what does not
+        depend on the request is kept per pod until the pod's work, its scrape or the
+        decisions' θ changes, so a decision mostly costs a multiply-add per pod."""
         fleet = self.fleet
         if fleet.observations != self._theta_observations and (
             fleet.observations < _FRESH_THETA_ANSWERS or now - self._theta_at >= _THETA_REFRESH_S
         ):
             self._refresh_theta(now)
-        theta, version, t5 = self._theta, self._theta_version, self._theta[STEP_TERM]
-        pods, work_for, estimate = self._pods, self._work, self._estimate
-        make = tuple.__new__  # Prediction(...) runs namedtuple's Python-level __new__
-        predictions: list[Prediction] = []
-        append = predictions.append
-        for pod, cached_tokens, scraped_at, running, waiting in candidates:
-            work = pods.get(pod) or work_for(pod)
+        version = self._theta_version
+        works, work_for, estimate = self._pods, self._work, self._estimate
+        estimates: list[_Estimate] = []
+        for name, scraped_at, running, waiting in pods:
+            work = works.get(name) or work_for(name)
             if work.unobserved and work.unobserved[0][0] <= now:
                 self._expire(work, now)
             e = work.estimate
@@ -297,56 +337,8 @@ class CostModel:
                 or e.scraped_at != scraped_at
             ):
                 e = estimate(work, scraped_at, running, waiting)
-            own = prompt_tokens - cached_tokens
-            if own < 0.0:
-                own = 0.0
-            remaining = e.step_end - now
-            if remaining < 0.0:
-                remaining = 0.0
-            values = (pod, e.base_s + e.unit_s * own + t5 * remaining, own, e.pending,
-                      e.pending_requests, e.decoding, theta, e.busy, remaining, e.in_step,
-                      e.speed)  # fmt: skip
-            append(make(Prediction, values))
-        return predictions
-
-    def rank_costs(
-        self, pods: Sequence[ScrapedPod], cached: Sequence[float], prompt_tokens: int
-    ) -> tuple[list[float], list[float]]:
-        """Each pod's predicted TTFT and, within it, this request's own prefill (s), in the
-        order of `pods` (`cached`: the tokens each holds): what a picker ranks by, without
-        a `Prediction` per pod (the chosen pod's is made when the request is dispatched)."""
-        now = self._clock()
-        fleet = self.fleet
-        if fleet.observations != self._theta_observations and (
-            fleet.observations < _FRESH_THETA_ANSWERS or now - self._theta_at >= _THETA_REFRESH_S
-        ):
-            self._refresh_theta(now)
-        version, t5 = self._theta_version, self._theta[STEP_TERM]
-        works, work_for, estimate = self._pods, self._work, self._estimate
-        ttfts: list[float] = []
-        prefills: list[float] = []
-        for state, held in zip(pods, cached, strict=True):
-            name = state.name
-            work = works.get(name) or work_for(name)
-            if work.unobserved and work.unobserved[0][0] <= now:
-                self._expire(work, now)
-            e = work.estimate
-            scraped_at = state.scraped_at
-            if (
-                e is None
-                or e.version != work.version
-                or e.theta_version != version
-                or e.scraped_at != scraped_at
-            ):
-                e = estimate(work, scraped_at, state.running, state.waiting)
-            own = prompt_tokens - held
-            prefill = e.unit_s * own if own > 0.0 else 0.0
-            remaining = e.step_end - now
-            ttfts.append(
-                e.base_s + prefill + t5 * remaining if remaining > 0.0 else e.base_s + prefill
-            )
-            prefills.append(prefill)
-        return ttfts, prefills
+            estimates.append(e)
+        return estimates
 
     def _refresh_theta(self, now: float) -> None:
         """Decisions use θ as of their last refresh: every answer moves it a little, and
