@@ -217,6 +217,7 @@ class Router:
             streamed=routed.request.streamed,
             # only a tokenized prompt's prediction knows its cached share: learn from those
             learn=routed.request.prompt_blocks > 0,
+            opens=routed.request.opens_conversation,
         )
         if self.sync is not None:
             # Only the blocks the pod does not hold yet: the peers' own view has the rest

@@ -190,6 +190,10 @@ class _PodWork:
     activity: float = 0.0
     """Requests routed here, each decaying with `activity_window_s` (as of `activity_at`)."""
     activity_at: float = 0.0
+    conversations: float = 0.0
+    """Conversations placed here (first turns), each decaying with `conversation_window_s`
+    (as of `conversations_at`): an estimate of the conversations it carries."""
+    conversations_at: float = 0.0
     at_scrape: tuple[float | None, int, int] = (None, 0, 0)
     """(scrape time, our prefilling, our decoding) when that scrape's answer arrived."""
     unobserved: list[tuple[float, int, Ticket]] = field(default_factory=list)
@@ -480,15 +484,21 @@ class CostModel:
 
     # -- a request's life -----------------------------------------------------------------
 
-    def start(self, prediction: Prediction, *, streamed: bool, learn: bool = True) -> Ticket:
+    def start(
+        self, prediction: Prediction, *, streamed: bool, learn: bool = True, opens: bool = False
+    ) -> Ticket:
         """The request goes to `prediction.pod` now: its prefill joins that pod's queue.
-        `learn`: its observed TTFT may train the model (its features were known)."""
+        `learn`: its observed TTFT may train the model (its features were known); `opens`:
+        it is a conversation's first turn (the pod will carry the conversation)."""
         work = self._work(prediction.pod)
         now = self._clock()
         self._tickets += 1
         ticket = Ticket(prediction.pod, prediction, now, streamed, learn, number=self._tickets)
         work.activity = self._decayed_activity(work, now) + 1.0
         work.activity_at = now
+        if opens:
+            work.conversations = self._decayed_conversations(work, now) + 1.0
+            work.conversations_at = now
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
@@ -580,6 +590,20 @@ class CostModel:
         """`activity` × the pod's speed: the time its recent traffic costs it, in units of
         an average pod's (what placements balance on a mixed fleet)."""
         return self.activity(pod) * self.speed(pod)
+
+    def carried(self, pod: str) -> float:
+        """Conversations placed on `pod` lately (decayed) × its speed: the time the
+        conversations it carries will cost it, in units of an average pod's."""
+        work = self._pods.get(pod)
+        if work is None:
+            return 0.0
+        return self._decayed_conversations(work, self._clock()) * self.speed(pod)
+
+    def _decayed_conversations(self, work: _PodWork, now: float) -> float:
+        if not work.conversations:
+            return 0.0
+        window = self.params.conversation_window_s
+        return work.conversations * math.exp(-(now - work.conversations_at) / window)
 
     def _decayed_activity(self, work: _PodWork, now: float) -> float:
         if not work.activity:

@@ -157,6 +157,7 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
             if params.flag("placement", True)
             else -1.0
         ),
+        placement_key=params.choice("placement_key", "load", ("load", "conversations")),
         shed=params.flag("shed", ctx.slo_shed),
     )
 

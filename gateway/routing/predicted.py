@@ -113,6 +113,7 @@ class MinPredictedTtftPicker:
         prefill_weight: float = 0.0,
         probe_rate: float = 0.02,
         placement_tolerance: float = 0.25,
+        placement_key: str = "load",
         shed: bool = False,
     ) -> None:
         self._cost = cost
@@ -123,6 +124,7 @@ class MinPredictedTtftPicker:
         self.prefill_weight = prefill_weight
         self.probe_rate = probe_rate
         self.placement_tolerance = placement_tolerance
+        self.placement_key = placement_key
         self.shed = shed
 
     def rank(
@@ -199,7 +201,9 @@ class MinPredictedTtftPicker:
             head = order[:ties]
             if placing:
                 # The least loaded for its speed: a pod twice as slow carries half as much.
-                load = self._cost.load
+                load = (
+                    self._cost.carried if self.placement_key == "conversations" else self._cost.load
+                )
                 self._rng.shuffle(head)  # equals in load and match: none favoured by place
                 head.sort(key=lambda i: (round(load(names[i]), 1), -cached[i]))
             else:
