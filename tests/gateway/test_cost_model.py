@@ -444,3 +444,24 @@ def test_the_pickers_costs_are_the_predictions_themselves() -> None:
     assert predictions["holder"].own_tokens == 10 * BLOCK
     for ticket in (running, queued):
         cost.finish(ticket)
+
+
+def test_placement_by_conversations_counts_first_turns_not_requests() -> None:
+    """`placement_key = "conversations"`: a pod carrying one busy conversation is less
+    loaded than one carrying three quiet ones (the request-rate key says the opposite)."""
+    clock = Clock()
+    cost = _trained_fleet(clock, {"one": 1.0, "three": 1.0})
+    clock.now += 600.0  # the training traffic has decayed away
+    cost.finish(cost.start(cost.predict("one", 100, 0.0), streamed=True, opens=True))
+    for _ in range(10):  # that conversation's later turns
+        cost.finish(cost.start(cost.predict("one", 100, 0.0), streamed=True))
+    for _ in range(3):  # three conversations that said one thing each
+        cost.finish(cost.start(cost.predict("three", 100, 0.0), streamed=True, opens=True))
+    assert cost.carried("one") < cost.carried("three")
+    assert cost.load("one") > cost.load("three")
+    pods = [pod("one"), pod("three")]
+    opening = RoutingRequest(MODEL, ModelContext(MODEL), 4, None, prompt_tokens=4 * BLOCK,
+                             opens_conversation=True)  # fmt: skip
+    for key, expected in (("conversations", "one"), ("load", "three")):
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), placement_key=key)
+        assert picker.rank(opening, pods, {})[0].name == expected, key
