@@ -78,7 +78,9 @@ class PredictedTtftScorer:
 
 class MinPredictedTtftPicker:
     """Lowest predicted TTFT first; pods within `tie_tolerance` of the best are ordered by
-    cache affinity (more matched blocks first), then at random.
+    cache affinity (more matched blocks first), then at random. With `affinity_tolerance`,
+    the pod holding most of the prompt goes first unless another is predicted faster by
+    more than that share.
 
     `prefill_weight` charges the request's own prefill on a pod that much again: the
     compute a cache miss burns is capacity every later request loses, which this request's
@@ -88,8 +90,9 @@ class MinPredictedTtftPicker:
     it goes where the conversation will be served fastest, not where this one request is —
     ranked as if every pod held the best-matched shared prefix (a system prompt is
     prefilled once per pod, then serves every conversation placed there), and among pods
-    within `placement_tolerance` of the best, to the least active one (fewest requests
-    lately): the instantaneous queue misses conversations between their turns. Without
+    within `placement_tolerance` of the best, to the least loaded one for its speed
+    (`placement_key`: requests lately, or conversations placed lately): the instantaneous
+    queue misses conversations between their turns. Without
     this, every new conversation follows its system prompt to one pod and stays there.
     A first turn whose whole prompt a pod already holds (a retry, a regenerated answer) is
     no placement.
