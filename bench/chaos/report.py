@@ -21,8 +21,10 @@ def attribute_failures(failed: Sequence[RequestRecord], faults: Sequence[FaultRe
     """For each failed request (in order), which allowed cause explains it, or `unexpected`.
 
     Allowed: anything in flight or sent while the gateway was down; a *streamed* request
-    cut on an engine that was killed while it ran; a streamed request cut by its engine's
-    armed `close_midstream` (at most as many as were armed, started after the arming).
+    cut on an engine that was killed, or restarted with its cache wiped (which ends every
+    running request, as a real restart does), while it ran; a streamed request cut by its
+    engine's armed `close_midstream` (at most as many as were armed, started after the
+    arming).
     A non-streamed request must never fail because of an engine: the gateway retries it.
     """
     cuts_left = {
@@ -48,6 +50,9 @@ def _cause(record: RequestRecord, faults: Sequence[FaultRecord], cuts_left: dict
         killed_at = fault.notes.get("killed_at", fault.started)
         if kind == "kill_engine" and record.started <= killed_at <= record.ended + 1.0:
             return "in_flight_on_killed_engine"
+        overlaps = record.started <= fault.settled_at and record.ended >= fault.started
+        if kind == "restart_wipe_cache" and overlaps:
+            return "in_flight_on_restarted_engine"
         armed_before = fault.started <= record.started
         if kind == "close_midstream" and armed_before and cuts_left[id(fault)] > 0:
             cuts_left[id(fault)] -= 1

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.chaos.faults import KINDS
+from bench.chaos.faults import KINDS, FaultRecord, FaultSpec
+from bench.chaos.report import attribute_failures
+from bench.harness.streaming import RequestRecord
 from tests.helpers import run_kvgate
 
 
@@ -78,3 +80,21 @@ def test_chaos_run_converges_after_every_fault(tmp_path: Path) -> None:
     assert "divergent blocks after convergence" in result.stdout
     pids = {sample["pid"] for sample in figures["samples"]}
     assert not [pid for pid in pids if _running(pid)]
+
+
+def test_a_stream_cut_by_a_restart_that_wipes_the_cache_is_explained_only_on_its_pod() -> None:
+    """A restart with a wiped cache ends every running request, as a real one does: a stream
+    that ran on that pod across it is explained; one on another pod, or a non-streamed one
+    (the gateway retries those), is not."""
+    restart = FaultRecord(FaultSpec(0, "restart_wipe_cache", 0, {}), "e0", 3.0, settled_at=3.1)
+
+    def cut(pod: str, started: float, *, stream: bool = True) -> RequestRecord:
+        return RequestRecord(started, started + 0.2, 200, "cut", pod=pod, stream=stream)
+
+    failed = [cut("e0", 2.9), cut("e1", 2.9), cut("e0", 2.9, stream=False), cut("e0", 3.5)]
+    assert attribute_failures(failed, [restart]) == [
+        "in_flight_on_restarted_engine",
+        "unexpected",
+        "unexpected",
+        "unexpected",
+    ]

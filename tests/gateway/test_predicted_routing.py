@@ -137,7 +137,9 @@ async def test_new_conversations_spread_and_their_later_turns_stay(
 ) -> None:
     """Conversations sharing one system prompt: the first turns spread over both engines
     (placement), each later turn goes where its conversation is."""
-    gw = await start_gateway(engines=2)
+    # Real-time latencies: what each pod's prefill costs, not the loopback's noise, decides
+    # (the learned speeds otherwise follow millisecond jitter).
+    gw = await start_gateway(engines=2, engine_overrides={"latency": LatencyModel()})
     system = {"role": "system", "content": "You are a careful assistant. " * 60}
     homes: dict[int, str] = {}
 
@@ -150,13 +152,13 @@ async def test_new_conversations_spread_and_their_later_turns_stay(
 
     async with gw.client() as client:
         for i in range(6):
-            homes[i] = await send([system, {"role": "user", "content": f"question {i} " * 30}])
+            homes[i] = await send([system, {"role": "user", "content": f"question {i} " * 100}])
         assert set(homes.values()) == {"e0", "e1"}
         for i, home in homes.items():
             again = [
                 system,
-                {"role": "user", "content": f"question {i} " * 30},
+                {"role": "user", "content": f"question {i} " * 100},
                 {"role": "assistant", "content": "an answer"},
-                {"role": "user", "content": f"and a follow-up {i} " * 10},
+                {"role": "user", "content": f"and a follow-up {i}"},
             ]
             assert await send(again) == home
