@@ -105,10 +105,12 @@ class RemoteTokenizer:
 
     `endpoint` fixes where to tokenize (AIBRIX_REMOTE_TOKENIZER_ENDPOINT, an engine of kind
     `endpoint_engine`: AIBRIX_REMOTE_TOKENIZER_ENGINE); otherwise the caller passes the pods
-    serving the model, as (URL, engine kind), tried in order. Both engines serve
+    serving the model, as (URL, engine kind). Both engines serve
     `POST /tokenize` with `{"model", "prompt"}` (SGLang since 0.5; 0.4.x answers 404), but
     only vLLM's takes `{"model", "messages"}` and applies the chat template: a chat prompt
-    is never sent to an SGLang engine.
+    is never sent to an SGLang engine. Calls to the pods take turns (a retry goes to the next
+    pod): tokenizing is CPU on the engine's API server, and one slow pod must not hold up
+    every request's routing.
     """
 
     def __init__(
@@ -128,6 +130,8 @@ class RemoteTokenizer:
         self._endpoint = endpoint
         self._endpoint_engine = endpoint_engine
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._turn = 0
+        """Which of the pods the next call starts with."""
         self.hits = 0
         self.misses = 0
         self.failures = 0
@@ -153,8 +157,10 @@ class RemoteTokenizer:
                 )
             raise TokenizerError("no endpoint to tokenize with")
         last_error = "no attempt"
+        first = self._turn % len(urls)
+        self._turn = first + 1
         for attempt in range(self._max_retries + 1):
-            url = urls[attempt % len(urls)]
+            url = urls[(first + attempt) % len(urls)]
             try:
                 tokens = await self._call(url, what.body)
             except TokenizerError as exc:

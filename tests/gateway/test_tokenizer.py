@@ -234,6 +234,18 @@ async def test_a_retry_goes_to_the_next_pod(
     assert tokenizer.failures == 0
 
 
+async def test_calls_take_turns_over_the_pods(
+    start_engine: StartEngine, client: Http1Pool, sent: Recorder
+) -> None:
+    """Tokenizing is CPU on an engine's API server: spread, so one slow pod does not hold up
+    every request's routing."""
+    first, second = await start_engine(name="tok-a"), await start_engine(name="tok-b")
+    tokenizer = make(client)
+    for i in range(4):
+        await tokenizer.tokenize(completion_input(f"{PROMPT} {i}"), vllm(first.url, second.url))
+    assert sent.urls == [f"{first.url}/tokenize", f"{second.url}/tokenize"] * 2
+
+
 async def test_a_fixed_endpoint_overrides_the_pods(
     engine: EngineServer, client: Http1Pool, sent: Recorder
 ) -> None:
