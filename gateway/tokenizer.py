@@ -105,12 +105,12 @@ class RemoteTokenizer:
 
     `endpoint` fixes where to tokenize (AIBRIX_REMOTE_TOKENIZER_ENDPOINT, an engine of kind
     `endpoint_engine`: AIBRIX_REMOTE_TOKENIZER_ENGINE); otherwise the caller passes the pods
-    serving the model, as (URL, engine kind). Both engines serve
-    `POST /tokenize` with `{"model", "prompt"}` (SGLang since 0.5; 0.4.x answers 404), but
-    only vLLM's takes `{"model", "messages"}` and applies the chat template: a chat prompt
-    is never sent to an SGLang engine. Calls to the pods take turns (a retry goes to the next
-    pod): tokenizing is CPU on the engine's API server, and one slow pod must not hold up
-    every request's routing.
+    serving the model, as (URL, engine kind), and calls take turns over them (a retry goes
+    to the next): tokenizing is CPU on the engine's API server, and one slow pod must not
+    hold up every request's routing. Both engines serve `POST /tokenize` with
+    `{"model", "prompt"}` (SGLang since 0.5; 0.4.x answers 404), but only vLLM's takes
+    `{"model", "messages"}` and applies the chat template: a chat prompt is never sent to
+    an SGLang engine.
     """
 
     def __init__(

@@ -41,16 +41,16 @@ def attribute_failures(failed: Sequence[RequestRecord], faults: Sequence[FaultRe
 def _cause(record: RequestRecord, faults: Sequence[FaultRecord], cuts_left: dict[int, int]) -> str:
     for fault in faults:
         kind = fault.spec.kind
-        # The gateway: from the kill order (`started`) until the restarted one is ready.
-        in_gateway_outage = record.started <= fault.settled_at and record.ended >= fault.started
-        if kind == "kill_gateway" and in_gateway_outage:
+        # The fault's span: from its order (`started`) until it settled (for the gateway,
+        # until the restarted one is ready).
+        overlaps = record.started <= fault.settled_at and record.ended >= fault.started
+        if kind == "kill_gateway" and overlaps:
             return "gateway_restart"
         if not record.stream or record.error != "cut" or record.pod != fault.pod:
             continue
         killed_at = fault.notes.get("killed_at", fault.started)
         if kind == "kill_engine" and record.started <= killed_at <= record.ended + 1.0:
             return "in_flight_on_killed_engine"
-        overlaps = record.started <= fault.settled_at and record.ended >= fault.started
         if kind == "restart_wipe_cache" and overlaps:
             return "in_flight_on_restarted_engine"
         armed_before = fault.started <= record.started

@@ -600,15 +600,11 @@ class CostModel:
         return self._decayed_conversations(work, self._clock()) * self.speed(pod)
 
     def _decayed_conversations(self, work: _PodWork, now: float) -> float:
-        if not work.conversations:
-            return 0.0
         window = self.params.conversation_window_s
-        return work.conversations * math.exp(-(now - work.conversations_at) / window)
+        return _decayed(work.conversations, now - work.conversations_at, window)
 
     def _decayed_activity(self, work: _PodWork, now: float) -> float:
-        if not work.activity:
-            return 0.0
-        return work.activity * math.exp(-(now - work.activity_at) / self.params.activity_window_s)
+        return _decayed(work.activity, now - work.activity_at, self.params.activity_window_s)
 
     def speed(self, pod: str) -> float:
         """How much slower (> 1) or faster (< 1) than the fleet's model the pod runs."""
@@ -686,6 +682,11 @@ class CostModel:
                 ticket.phase = "decode"
                 work.decoding += 1
                 work.version += 1
+
+
+def _decayed(count: float, age_s: float, window_s: float) -> float:
+    """A count that decays with time constant `window_s`, `age_s` after it was last set."""
+    return count * math.exp(-age_s / window_s) if count else 0.0
 
 
 def _speed_from(state: Any) -> PodSpeed | None:
