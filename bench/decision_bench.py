@@ -4,8 +4,9 @@ The gateway's own `Router.route` in one process, on a fleet of `--pods` pods of 
 whose index holds 16 shared 1,024-token system prompts (each on a quarter of the pods,
 stored through `apply_stored` as the subscriber would): every request is a completion
 with its token ids (so no tokenizer call), a system prompt + 1,024 unique tokens. The
-figure is the wall time of `route` (prefix hashing, index match, the profile's plugins,
-the router-side entries and the cost model's bookkeeping), per policy, interleaved so
+figure is the wall time of `route` less its tokenization (prefix hashing, index match,
+the profile's plugins), and with the commit (the router-side entries and the cost model's
+bookkeeping), per policy, interleaved so
 that every policy sees the same machine state; p50 and p99 in µs. Every pod has been
 scraped (running and waiting counts), as in a live gateway.
 """
@@ -16,7 +17,7 @@ import argparse
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from bench.results_io import (
 from gateway.discovery import Pod
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodRegistry, PodState
-from gateway.router import Routed, Router, build_policies
+from gateway.router import Kind, Routed, Router, build_policies
 from gateway.routing import CostModel, PinLookup
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable
@@ -132,7 +133,7 @@ async def _measure(pods: int, requests: int, seed: int) -> dict[str, dict[str, f
             routed = await router.route("completion", body, profiles[policy], body_bytes=8192)
             took = clock() - started
             routes[policy].append(took)
-            decisions[policy].append(took - router.dispatch_s)
+            decisions[policy].append(took - router.dispatch_s - router.tokenize_s)
             router.finish(routed)
     return {
         policy: {
@@ -146,10 +147,20 @@ async def _measure(pods: int, requests: int, seed: int) -> dict[str, dict[str, f
 
 
 class _TimedRouter(Router):
-    """The gateway's router, timing the commit of each decision (router-side index entries
-    for the prompt's blocks and the cost model's bookkeeping) apart from the decision."""
+    """The gateway's router, timing apart from the decision its tokenization (here: the
+    client's token ids read and checked) and the commit of each decision (router-side
+    index entries for the prompt's blocks and the cost model's bookkeeping)."""
 
     dispatch_s = 0.0
+    tokenize_s = 0.0
+
+    async def _tokenize(
+        self, kind: Kind, body: Mapping[str, Any], serving: list[PodState]
+    ) -> list[int] | None:
+        started = time.perf_counter()
+        tokens = await super()._tokenize(kind, body, serving)
+        self.tokenize_s = time.perf_counter() - started
+        return tokens
 
     def dispatch(self, routed: Routed, state: PodState) -> None:
         started = time.perf_counter()

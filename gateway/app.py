@@ -157,7 +157,7 @@ async def _start(
         if settings.use_remote_tokenizer
         else None
     )
-    cost = CostModel()
+    cost = CostModel(pure_python=settings.index.pure_python)
     if settings.bootstrap_peer is not None:
         await cost_model_from_peer(
             control_client, settings.bootstrap_peer, settings.admin_token, cost

@@ -8,6 +8,8 @@
  *   "stamps" (a block's last access) shares its keys. Iteration order, deletion and
  *   re-insertion behave as a dict's, so both paths of the index give identical answers.
  * - match_walk: the prefix match's walk over a U64Map of holder masks.
+ * - affine_costs: the routing cost model's multiply-add over a decision's candidates (not
+ *   the index's, but as hot: it runs per decision over every pod of the model).
  *
  * Memory comes from PyMem_* so tracemalloc (the benchmarks' measure) sees all of it.
  */
@@ -1592,6 +1594,83 @@ static PyObject *native_spread_ends(PyObject *module, PyObject *const *args, Py_
     Py_RETURN_TRUE;
 }
 
+/* -- the cost model's per-candidate multiply-add --------------------------------------- */
+
+/* Reads `count` floats (or ints) of a list into `out`; 0 with an exception set otherwise. */
+static int read_doubles(PyObject *list, Py_ssize_t count, double *out) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double value = PyFloat_AsDouble(PyList_GET_ITEM(list, i));
+        if (value == -1.0 && PyErr_Occurred()) {
+            return 0;
+        }
+        out[i] = value;
+    }
+    return 1;
+}
+
+/* gateway.routing.cost.affine_costs, same operations in the same order. */
+static PyObject *native_affine_costs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "affine_costs(bases: list, units: list, ends: list, cached: list, "
+                        "prompt_tokens, step_term, now)");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(args[0]);
+    if (PyList_GET_SIZE(args[1]) != count || PyList_GET_SIZE(args[2]) != count ||
+        PyList_GET_SIZE(args[3]) != count) {
+        PyErr_SetString(PyExc_ValueError, "affine_costs: the four lists differ in length");
+        return NULL;
+    }
+    double prompt = PyFloat_AsDouble(args[4]), step = PyFloat_AsDouble(args[5]);
+    double now = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    double *values = PyMem_Malloc(sizeof(double) * 4 * (size_t)(count ? count : 1));
+    if (values == NULL) {
+        return PyErr_NoMemory();
+    }
+    double *bases = values, *units = values + count, *ends = values + 2 * count;
+    double *cached = values + 3 * count;
+    PyObject *ttfts = NULL, *prefills = NULL, *result = NULL;
+    if (!read_doubles(args[0], count, bases) || !read_doubles(args[1], count, units) ||
+        !read_doubles(args[2], count, ends) || !read_doubles(args[3], count, cached)) {
+        goto done;
+    }
+    ttfts = PyList_New(count);
+    prefills = PyList_New(count);
+    if (ttfts == NULL || prefills == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double own = prompt - cached[i];
+        double prefill = own > 0.0 ? units[i] * own : 0.0;
+        double remaining = ends[i] - now;
+        double ttft = bases[i] + prefill;
+        if (remaining > 0.0) {
+            double wait = step * remaining; /* kept apart: no fused multiply-add */
+            ttft = bases[i] + prefill + wait;
+        }
+        PyObject *boxed_ttft = PyFloat_FromDouble(ttft);
+        PyObject *boxed_prefill = PyFloat_FromDouble(prefill);
+        if (boxed_ttft == NULL || boxed_prefill == NULL) {
+            Py_XDECREF(boxed_ttft);
+            Py_XDECREF(boxed_prefill);
+            goto done;
+        }
+        PyList_SET_ITEM(ttfts, i, boxed_ttft);
+        PyList_SET_ITEM(prefills, i, boxed_prefill);
+    }
+    result = PyTuple_Pack(2, ttfts, prefills);
+done:
+    Py_XDECREF(ttfts);
+    Py_XDECREF(prefills);
+    PyMem_Free(values);
+    return result;
+}
+
 /* -- module --------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1599,6 +1678,7 @@ static PyMethodDef module_methods[] = {
     {"chain", (PyCFunction)(void (*)(void))native_chain, METH_FASTCALL, NULL},
     {"match_walk", (PyCFunction)(void (*)(void))native_match_walk, METH_FASTCALL, NULL},
     {"spread_ends", (PyCFunction)(void (*)(void))native_spread_ends, METH_FASTCALL, NULL},
+    {"affine_costs", (PyCFunction)(void (*)(void))native_affine_costs, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

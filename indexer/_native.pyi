@@ -15,6 +15,16 @@ def match_walk(
 def spread_ends(
     table: dict[str, int], names: list[str | None], ends: list[tuple[int, int]], /
 ) -> bool: ...
+def affine_costs(
+    bases: list[float],
+    units: list[float],
+    ends: list[float],
+    cached: list[float],
+    prompt_tokens: float,
+    step_term: float,
+    now: float,
+    /,
+) -> tuple[list[float], list[float]]: ...
 
 class U64Map(Generic[_K, _V]):
     """An insertion-ordered mapping storing unsigned 64-bit int keys and values unboxed."""

@@ -2,11 +2,12 @@
 
 `indexer/_native.c` (built by `pip install`, optional: without a C compiler the install
 still succeeds) provides the chained block hashing, an unboxed insertion-ordered u64 map
-(the blocks' holder masks and last access times, the pods' engine-hash entries) and the
-match walk. The pure-Python path keeps plain dicts and the `xxhash` package; both give
-identical hashes and answers. `KVGATE_PURE_PYTHON=1` forces the pure path: the gateway
-reads it with its settings (`IndexConfig.pure_python`); a table or hasher built without
-that choice reads the variable when it is built (tests, benchmarks).
+(the blocks' holder masks and last access times, the pods' engine-hash entries), the
+match walk, and the routing cost model's per-candidate multiply-add. The pure-Python path
+keeps plain dicts and the `xxhash` package; both give identical hashes and answers.
+`KVGATE_PURE_PYTHON=1` forces the pure path: the gateway reads it with its settings
+(`IndexConfig.pure_python`); a table, hasher or cost model built without that choice
+reads the variable when it is built (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ class Stamps(Protocol):
     def __setitem__(self, key: int, value: float, /) -> None: ...
 
 
+AffineCosts = Callable[
+    [list[float], list[float], list[float], list[float], float, float, float],
+    tuple[list[float], list[float]],
+]
+"""(bases, units, step ends, cached tokens, prompt tokens, step term, now) -> per pod
+(TTFT, own prefill): `gateway.routing.cost.affine_costs`."""
+
+
 @dataclass(frozen=True, slots=True)
 class Native:
     """The compiled primitives a table uses (see module docstring)."""
@@ -76,6 +85,8 @@ class Native:
     spread_ends: Callable[[dict[str, int], list[str | None], list[tuple[int, int]]], bool]
     """`MatchedBlocks.table`'s loop over the set bits of the walk's ends (False: masks
     wider than 64 bits)."""
+    affine_costs: AffineCosts
+    """The routing cost model's `affine_costs` (not the index's, but as hot)."""
 
 
 def pure_python_forced(environ: Mapping[str, str] | None = None) -> bool:
@@ -101,4 +112,5 @@ def load_native(pure: bool | None = None) -> Native | None:
         match_walk=_native.match_walk,
         map_type=_native.U64Map,
         spread_ends=_native.spread_ends,
+        affine_costs=_native.affine_costs,
     )

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
+from indexer.native import AffineCosts, load_native
 
 __all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
 
@@ -65,6 +66,10 @@ _MAX_STEP_S = 5.0
 """A gap between step boundaries longer than this was idle time, not a step."""
 _STEP_HISTORY = 8
 """Recent steps whose shortest is the pod's pure decode step."""
+_MAX_RANKINGS = 64
+"""Candidate lists whose estimates are kept (one per model and set of routable pods)."""
+_MAX_CHANGES = 4096
+"""Pod changes logged before the rankings are rebuilt from scratch (once)."""
 _FRESH_THETA_ANSWERS = 200
 """Until the model has learned from this many answers, every decision uses its latest θ."""
 _THETA_REFRESH_S = 0.05
@@ -142,10 +147,10 @@ def _pod_coefficients(theta: tuple[float, ...], speed: float) -> tuple[float, ..
     return tuple(c if i == STEP_TERM else c * speed for i, c in enumerate(theta))
 
 
-@dataclass(frozen=True, slots=True)
-class _Estimate:
+class _Estimate(NamedTuple):
     """A pod's TTFT for any prompt, as of its work `version`, the decisions' θ and its last
-    scrape: `base_s + unit_s · own tokens + θ5 · max(0, step_end − now)`."""
+    scrape: `base_s + unit_s · own tokens + θ5 · max(0, step_end − now)` (a tuple: one is
+    made whenever a pod's work changes, on every step boundary of every busy pod)."""
 
     version: int
     theta_version: int
@@ -161,10 +166,66 @@ class _Estimate:
     speed: float
 
 
+class _Ranking:
+    """One candidate list's estimate terms, in its order: what `rank_costs` multiplies out.
+    Valid for the θ and the scrapes it was built with, and for the pods' work up to
+    `position` in the model's change log of `epoch`."""
+
+    __slots__ = ("bases", "ends", "epoch", "index", "pods", "position", "scraped",
+                 "theta_version", "units")  # fmt: skip
+
+    def __init__(
+        self,
+        pods: list[ScrapedPod],
+        scraped: list[float | None],
+        estimates: list[_Estimate],
+        epoch: int,
+        theta_version: int,
+        position: int,
+    ) -> None:
+        self.pods = pods
+        self.scraped = scraped
+        self.index = {pod.name: at for at, pod in enumerate(pods)}
+        self.bases = [e.base_s for e in estimates]
+        self.units = [e.unit_s for e in estimates]
+        self.ends = [e.step_end for e in estimates]
+        self.epoch = epoch
+        self.theta_version = theta_version
+        self.position = position
+
+    def update(self, at: int, estimate: _Estimate) -> None:
+        self.bases[at] = estimate.base_s
+        self.units[at] = estimate.unit_s
+        self.ends[at] = estimate.step_end
+
+
+def affine_costs(
+    bases: list[float],
+    units: list[float],
+    ends: list[float],
+    cached: list[float],
+    prompt_tokens: float,
+    step_term: float,
+    now: float,
+) -> tuple[list[float], list[float]]:
+    """Per pod: (TTFT, own prefill) = (base + prefill + θ5 · max(0, end − now), unit · own
+    uncached tokens). Compiled as `indexer._native.affine_costs` (same operations)."""
+    ttfts: list[float] = []
+    prefills: list[float] = []
+    for base, unit, end, held in zip(bases, units, ends, cached, strict=True):
+        own = prompt_tokens - held
+        prefill = unit * own if own > 0.0 else 0.0
+        remaining = end - now
+        ttfts.append(base + prefill + step_term * remaining if remaining > 0.0 else base + prefill)
+        prefills.append(prefill)
+    return ttfts, prefills
+
+
 @dataclass(slots=True)
 class _PodWork:
     """What this gateway has outstanding on one pod, and what it has seen of its steps."""
 
+    name: str
     speed: PodSpeed | None = None
     """Its own speed, from its first answer on (before: the fleet's typical speed)."""
     prefill_tokens: float = 0.0
@@ -200,7 +261,8 @@ class _PodWork:
     """Heap of (expected first byte, id, ticket) for answers whose first byte is not their
     TTFT (non-streamed): their prefill is taken as done at the predicted time."""
     version: int = 0
-    """Bumped whenever anything above changes (it invalidates `estimate`)."""
+    """Bumped whenever anything above changes (`CostModel._changed`: it invalidates
+    `estimate`)."""
     estimate: _Estimate | None = None
 
 
@@ -227,9 +289,17 @@ class CostModel:
     the event loop."""
 
     def __init__(
-        self, params: CostParams | None = None, *, clock: Callable[[], float] | None = None
+        self,
+        params: CostParams | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        pure_python: bool | None = None,
     ) -> None:
+        """`pure_python`: rank without the compiled multiply-add (None: as
+        KVGATE_PURE_PYTHON says, like the index)."""
         self.params = params or CostParams()
+        native = load_native(pure_python)
+        self._affine_costs: AffineCosts = affine_costs if native is None else native.affine_costs
         self._clock = clock or time.perf_counter
         self._pods: dict[str, _PodWork] = {}
         self.fleet = TtftModel(self.params)
@@ -243,6 +313,12 @@ class CostModel:
         self._theta_observations = 0
         self._theta_at = -math.inf
         self._theta_version = 0
+        self._changes: list[_PodWork] = []
+        """Pods whose work changed, in order, since the rankings' `epoch` began."""
+        self._epoch = 0
+        self._rankings: dict[tuple[str, ...], _Ranking] = {}
+        self._due: list[tuple[float, int, _PodWork]] = []
+        """Heap of (predicted first byte, ticket number, pod) of non-streamed answers."""
 
     # -- decisions ------------------------------------------------------------------------
 
@@ -293,27 +369,79 @@ class CostModel:
         return predictions
 
     def rank_costs(
-        self, pods: Sequence[ScrapedPod], cached: Sequence[float], prompt_tokens: int
+        self,
+        pods: Sequence[ScrapedPod],
+        cached: Sequence[float],
+        prompt_tokens: int,
+        names: Sequence[str] | None = None,
     ) -> tuple[list[float], list[float]]:
         """Each pod's predicted TTFT and, within it, this request's own prefill (s), in the
-        order of `pods` (`cached`: the tokens each holds): what a picker ranks by, without
-        a `Prediction` per pod (the chosen pod's is made when the request is dispatched)."""
+        order of `pods` (`cached`: the tokens each holds; `names`: the pods' names, when
+        the caller has them): what a picker ranks by, without a `Prediction` per pod (the
+        chosen pod's is made when the request is dispatched).
+
+        It runs per decision over every candidate, so it reads the candidates' estimates
+        from a `_Ranking` kept per candidate list, which re-estimates only the pods whose
+        work changed since the last decision (`_changed`)."""
         now = self._clock()
-        estimates = self._estimates(
-            [(pod.name, pod.scraped_at, pod.running, pod.waiting) for pod in pods], now
+        self._theta_for(now)
+        self._expire_due(now)
+        key = tuple(pod.name for pod in pods) if names is None else tuple(names)
+        ranking = self._rankings.get(key)
+        scraped = [pod.scraped_at for pod in pods]
+        if (
+            ranking is None
+            or ranking.epoch != self._epoch
+            or ranking.theta_version != self._theta_version
+            or ranking.scraped != scraped
+            or ranking.pods != pods
+        ):
+            ranking = self._ranking(key, list(pods), scraped)
+        elif ranking.position < len(self._changes):
+            index, estimate, update = ranking.index, self._estimate, ranking.update
+            for work in {id(w): w for w in self._changes[ranking.position :]}.values():
+                at = index.get(work.name)
+                if at is not None:
+                    pod = ranking.pods[at]
+                    update(at, estimate(self._work(work.name), pod.scraped_at, pod.running,
+                                        pod.waiting))  # fmt: skip
+            ranking.position = len(self._changes)
+        return self._affine_costs(
+            ranking.bases, ranking.units, ranking.ends, list(cached), prompt_tokens,
+            self._theta[STEP_TERM], now,
+        )  # fmt: skip
+
+    def _ranking(
+        self, key: tuple[str, ...], pods: list[ScrapedPod], scraped: list[float | None]
+    ) -> _Ranking:
+        if len(self._rankings) >= _MAX_RANKINGS:  # candidate lists are few; stay bounded
+            self._rankings.clear()
+        estimate, work_for = self._estimate, self._work
+        estimates = [
+            estimate(work_for(name), pod.scraped_at, pod.running, pod.waiting)
+            for name, pod in zip(key, pods, strict=True)
+        ]
+        ranking = self._rankings[key] = _Ranking(
+            pods, scraped, estimates, self._epoch, self._theta_version, len(self._changes)
         )
-        t5 = self._theta[STEP_TERM]
-        ttfts: list[float] = []
-        prefills: list[float] = []
-        for e, held in zip(estimates, cached, strict=True):
-            own = prompt_tokens - held
-            prefill = e.unit_s * own if own > 0.0 else 0.0
-            remaining = e.step_end - now
-            ttfts.append(
-                e.base_s + prefill + t5 * remaining if remaining > 0.0 else e.base_s + prefill
-            )
-            prefills.append(prefill)
-        return ttfts, prefills
+        return ranking
+
+    def _changed(self, work: _PodWork) -> None:
+        """Anything `_estimate` reads of `work` changed."""
+        work.version += 1
+        changes = self._changes
+        if len(changes) >= _MAX_CHANGES:  # bounded, whether or not anything ranks
+            changes.clear()
+            self._epoch += 1  # every ranking is rebuilt once
+        changes.append(work)
+
+    def _expire_due(self, now: float) -> None:
+        """Non-streamed answers whose predicted first byte is past: their prefill is done."""
+        due = self._due
+        while due and due[0][0] <= now:
+            work = heapq.heappop(due)[2]
+            if self._pods.get(work.name) is work:
+                self._expire(work, now)
 
     def _estimates(
         self, pods: Iterable[tuple[str, float | None, float, float]], now: float
@@ -321,11 +449,7 @@ class CostModel:
         """Each (pod, scraped at, running, waiting)'s estimate as of `now`: what does not
         depend on the request is kept per pod until the pod's work, its scrape or the
         decisions' θ changes, so a decision mostly costs a multiply-add per pod."""
-        fleet = self.fleet
-        if fleet.observations != self._theta_observations and (
-            fleet.observations < _FRESH_THETA_ANSWERS or now - self._theta_at >= _THETA_REFRESH_S
-        ):
-            self._refresh_theta(now)
+        self._theta_for(now)
         version = self._theta_version
         works, work_for, estimate = self._pods, self._work, self._estimate
         estimates: list[_Estimate] = []
@@ -343,6 +467,14 @@ class CostModel:
                 e = estimate(work, scraped_at, running, waiting)
             estimates.append(e)
         return estimates
+
+    def _theta_for(self, now: float) -> None:
+        """Takes the fleet's latest θ for the decisions of `now` when it is due."""
+        fleet = self.fleet
+        if fleet.observations != self._theta_observations and (
+            fleet.observations < _FRESH_THETA_ANSWERS or now - self._theta_at >= _THETA_REFRESH_S
+        ):
+            self._refresh_theta(now)
 
     def _refresh_theta(self, now: float) -> None:
         """Decisions use θ as of their last refresh: every answer moves it a little, and
@@ -392,11 +524,12 @@ class CostModel:
             + (t4 if busy else 0.0)
             + t6 * in_step / _TOKEN_UNIT
         )
-        e = work.estimate = _Estimate(
+        values = (
             work.version, self._theta_version, scraped_at, speed * base,
             speed * t1 / _TOKEN_UNIT, step_end, pending, pending_requests, decoding,
             1.0 if busy else 0.0, in_step, speed,
         )  # fmt: skip
+        e = work.estimate = tuple.__new__(_Estimate, values)  # NamedTuple's __new__ is Python
         return e
 
     def typical_speed(self) -> float:
@@ -457,7 +590,7 @@ class CostModel:
             if work.unobserved:
                 self._expire(work, self._clock())
             work.at_scrape = (at, work.prefilling, work.decoding)
-            work.version += 1
+            self._changed(work)
 
     def pulse(self, pod: str) -> None:
         """A chunk of `pod`'s answer (any answer) arrived now: one of its steps just ended.
@@ -479,7 +612,7 @@ class CostModel:
             work.step_start = now
             work.in_step_tokens = work.prefill_tokens
             work.in_step_requests = work.prefilling
-            work.version += 1
+            self._changed(work)
         work.last_chunk = now
 
     # -- a request's life -----------------------------------------------------------------
@@ -502,10 +635,11 @@ class CostModel:
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
-        work.version += 1
+        self._changed(work)
         if not streamed:
             expected = ticket.started + prediction.ttft_s
             heapq.heappush(work.unobserved, (expected, ticket.number, ticket))
+            heapq.heappush(self._due, (expected, ticket.number, work))
         return ticket
 
     def start_remote(self, pod: str, own_tokens: float) -> Ticket:
@@ -526,7 +660,7 @@ class CostModel:
         ticket.phase = "decode"
         if work is not None:
             work.decoding += 1
-            work.version += 1
+            self._changed(work)
         if not ticket.streamed:
             return None
         now = self._clock()
@@ -550,7 +684,7 @@ class CostModel:
                 if observed > fixed:
                     work.speed.learn(observed - fixed, scaled, self.params)
                 self._log_speeds += work.speed.log - before
-                work.version += 1
+                self._changed(work)
             self.fleet.learn(x, observed / speed)
         return observed
 
@@ -561,7 +695,7 @@ class CostModel:
             self._leave_prefill(ticket, work)
         elif ticket.phase == "decode" and work is not None:
             work.decoding -= 1
-            work.version += 1
+            self._changed(work)
         ticket.phase = "done"
 
     # -- pods -----------------------------------------------------------------------------
@@ -641,7 +775,7 @@ class CostModel:
             if len(self._pods) >= _MAX_PODS:  # pods come and go: stay bounded
                 for name in list(self._pods):
                     self._drop(name)
-            work = self._pods[pod] = _PodWork(seen_at=self._clock())
+            work = self._pods[pod] = _PodWork(pod, seen_at=self._clock())
         return work
 
     def _set_speed(self, work: _PodWork, speed: PodSpeed) -> None:
@@ -650,7 +784,7 @@ class CostModel:
         else:
             self._log_speeds -= work.speed.log
         work.speed = speed
-        work.version += 1
+        self._changed(work)
         self._log_speeds += speed.log
 
     def _drop(self, name: str) -> None:
@@ -663,7 +797,7 @@ class CostModel:
         if work is None:
             return
         own = ticket.prediction.own_tokens
-        work.version += 1
+        self._changed(work)
         work.prefill_tokens = max(0.0, work.prefill_tokens - own)
         work.prefilling = max(0, work.prefilling - 1)
         if ticket.started < work.step_start:
@@ -681,7 +815,7 @@ class CostModel:
                 self._leave_prefill(ticket, work)
                 ticket.phase = "decode"
                 work.decoding += 1
-                work.version += 1
+                self._changed(work)
 
 
 def _decayed(count: float, age_s: float, window_s: float) -> float:

@@ -142,7 +142,7 @@ class MinPredictedTtftPicker:
         lengths: Mapping[str, int] = match.lengths() if match is not None else {}
         names = [pod.pod.name for pod in pods]
         cached = cached_tokens(self._cost, self._block_size, match, names)
-        ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens)
+        ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens, names)
         slo = request.slo_ttft_s
         if slo is not None:
             meeting = [i for i, ttft in enumerate(ttfts) if ttft <= slo]

@@ -446,6 +446,77 @@ def test_the_pickers_costs_are_the_predictions_themselves() -> None:
         cost.finish(ticket)
 
 
+@pytest.mark.parametrize(
+    ("pure_python", "log_size"),
+    [(True, 4096), (False, 4096), (False, 16)],
+    ids=["pure", "compiled", "short-change-log"],
+)
+def test_rank_costs_follow_every_change_of_the_pods(
+    pure_python: bool, log_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rank_costs` keeps each candidate list's estimates between decisions and
+    re-estimates only the pods whose work changed: after any sequence of requests sent,
+    answered (streamed or not), finished, step boundaries, scrapes, learning and time
+    passing, its costs are the predictions made from scratch (also when the log of changes
+    fills up between decisions)."""
+    monkeypatch.setattr("gateway.routing.cost._MAX_CHANGES", log_size)
+    clock = Clock()
+    cost = CostModel(clock=clock, pure_python=pure_python)
+    rng = random.Random(3)
+    names = [f"pod-{i}" for i in range(6)]
+    pods = [pod(name) for name in names]
+    live: list = []
+    for step in range(600):
+        action = rng.randrange(7)
+        target = rng.choice(pods)
+        if action == 0 or not live:
+            streamed = rng.random() < 0.7
+            prediction = cost.predict(target.name, rng.randrange(10, 4000), rng.randrange(0, 500))
+            live.append(cost.start(prediction, streamed=streamed))
+        elif action == 1:
+            cost.first_byte(rng.choice(live))
+        elif action == 2:
+            cost.finish(live.pop(rng.randrange(len(live))))
+        elif action == 3:
+            cost.pulse(target.name)
+        elif action == 4:
+            target.scraped_at = clock.now
+            target.running, target.waiting = float(rng.randrange(6)), float(rng.randrange(4))
+            if rng.random() < 0.8:  # the scraper tells the model; a test may not
+                cost.note_scrape(target.name, clock.now)
+        clock.now += rng.choice((0.0, 0.001, 0.01, 0.2))
+        candidates = rng.sample(pods, k=rng.randrange(1, len(pods) + 1)) if step % 5 else pods
+        prompt = rng.randrange(1, 3000)
+        cached = [float(rng.randrange(0, prompt + 1)) for _ in candidates]
+        ttfts, prefills = cost.rank_costs(candidates, cached, prompt)
+        fresh = CostModel.predict_many(cost, [
+            (p.name, held, p.scraped_at, p.running, p.waiting)
+            for p, held in zip(candidates, cached, strict=True)
+        ], prompt)  # fmt: skip
+        for ttft, prefill, prediction in zip(ttfts, prefills, fresh, strict=True):
+            assert ttft == pytest.approx(prediction.ttft_s, rel=1e-12, abs=1e-15), step
+            assert prefill == pytest.approx(prediction.own_prefill_s(), rel=1e-9), step
+
+
+def test_the_compiled_multiply_add_is_the_pure_one() -> None:
+    """`_native.affine_costs` does `affine_costs`' operations in the same order."""
+    from gateway.routing.cost import affine_costs
+    from indexer.native import load_native
+
+    native = load_native(pure=False)
+    if native is None:
+        pytest.skip("the C extension is not built here (no compiler): the pure path runs")
+    rng = random.Random(5)
+    for size in (0, 1, 7, 64):
+        lists = [[rng.uniform(-1.0, 2.0) for _ in range(size)] for _ in range(4)]
+        args = (*lists, rng.choice((100, 2048.0)), rng.uniform(0.0, 2.0), rng.uniform(0.0, 1.0))
+        assert native.affine_costs(*args) == affine_costs(*args)
+    with pytest.raises(ValueError, match="differ in length"):
+        native.affine_costs([1.0], [1.0], [1.0], [], 1.0, 1.0, 0.0)
+    with pytest.raises(TypeError):
+        native.affine_costs([1.0], [1.0], [1.0], ["x"], 1.0, 1.0, 0.0)
+
+
 def test_placement_by_conversations_counts_first_turns_not_requests() -> None:
     """`placement_key = "conversations"`: a pod carrying one busy conversation is less
     loaded than one carrying three quiet ones (the request-rate key says the opposite)."""
