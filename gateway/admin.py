@@ -138,7 +138,8 @@ async def match(request: Request) -> Response:
         pods_view[state.name] = {
             "matched_blocks": routed.matched_blocks(state.name),
             "tiers": {tier.name: n for tier, n in counts.items() if n},
-            "score": decision.scores.get(state.name),
+            # a profile without scorers scores every eligible pod 0
+            "score": decision.scores.get(state.name, 0.0 if state.name in ranked else None),
             "scores": decision.components.get(state.name, {}),
             "rank": ranked.get(state.name),
             "eligible": state.name in ranked,

@@ -59,7 +59,8 @@ class PodRegistry:
         """A tokenizer endpoint that applies chat templates is configured."""
         self._subscribers = subscribers
         self._pods: dict[str, PodState] = {}
-        self._serving: dict[str, list[PodState]] = {}
+        self._serving: dict[str, tuple[list[PodState], tuple[str, ...]]] = {}
+        """Per model: the pods serving it, and their names (what `match` is keyed by)."""
         self._unindexable: dict[str, str] = {}
         """Pods whose stored blocks all break their chains, with the reason shown."""
         """Per model, its pods (the request path asks for every request; reset on changes)."""
@@ -119,12 +120,20 @@ class PodRegistry:
     def serving(self, model: str) -> list[PodState]:
         """Pods that serve `model` (as base model or LoRA adapter), routable or not (a new
         list: callers may change it)."""
-        pods = self._serving.get(model)
-        if pods is None:
+        return list(self._cached_serving(model)[0])
+
+    def serving_names(self, model: str) -> tuple[str, ...]:
+        """The names of `serving(model)`, in its order."""
+        return self._cached_serving(model)[1]
+
+    def _cached_serving(self, model: str) -> tuple[list[PodState], tuple[str, ...]]:
+        cached = self._serving.get(model)
+        if cached is None:
             if len(self._serving) >= _MAX_CACHED_MODELS:  # any client may name any model
                 self._serving.clear()
-            pods = self._serving[model] = [s for s in self._pods.values() if s.pod.serves(model)]
-        return list(pods)
+            pods = [s for s in self._pods.values() if s.pod.serves(model)]
+            cached = self._serving[model] = (pods, tuple(s.pod.name for s in pods))
+        return cached
 
     def models(self) -> list[str]:
         names: dict[str, None] = {}

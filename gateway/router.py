@@ -153,6 +153,7 @@ class Router:
         """What the decision looks at: the prompt's blocks and where each is cached."""
         model = body["model"]
         context = _context(model, serving)
+        names = self._registry.serving_names(model)  # `serving`'s: taken before any await
         hashes: list[int] = []
         tokens: list[int] | None = None
         if tokenize:
@@ -161,11 +162,7 @@ class Router:
                 self._check_prompt_length(kind, len(tokens))
                 hashes = self._hashes(tokens)
         match_started = self._clock()
-        match = (
-            self._table.match(context, hashes, [state.name for state in serving])
-            if hashes
-            else None
-        )
+        match = self._table.match(context, hashes, names) if hashes else None
         self._stages["match"].observe(self._clock() - match_started)
         return RoutingRequest(
             model,

@@ -8,14 +8,15 @@
  *   "stamps" (a block's last access) shares its keys. Iteration order, deletion and
  *   re-insertion behave as a dict's, so both paths of the index give identical answers.
  * - match_walk: the prefix match's walk over a U64Map of holder masks.
- * - affine_costs: the routing cost model's multiply-add over a decision's candidates (not
- *   the index's, but as hot: it runs per decision over every pod of the model).
+ * - affine_costs, held_tokens, argsort: the routing cost model's passes over a decision's
+ *   candidates (not the index's, but as hot: they run per decision over every pod).
  *
  * Memory comes from PyMem_* so tracemalloc (the benchmarks' measure) sees all of it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -1671,6 +1672,102 @@ done:
     return result;
 }
 
+/* gateway.routing.cost.held_tokens: per name, lengths.get(name, 0) * scale. */
+static PyObject *native_held_tokens(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyMapping_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "held_tokens(lengths: Mapping, names: list, scale)");
+        return NULL;
+    }
+    double scale = PyFloat_AsDouble(args[2]);
+    if (scale == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *lengths = args[0], *names = args[1];
+    Py_ssize_t count = PyList_GET_SIZE(names);
+    PyObject *held = PyList_New(count);
+    if (held == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *name = PyList_GET_ITEM(names, i);
+        Py_INCREF(name);
+        PyObject *length; /* a new reference, or NULL: no such name (or an error) */
+        if (PyDict_CheckExact(lengths)) {
+            length = PyDict_GetItemWithError(lengths, name);
+            Py_XINCREF(length);
+        } else {
+            length = PyObject_GetItem(lengths, name);
+            if (length == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
+                PyErr_Clear();
+            }
+        }
+        Py_DECREF(name);
+        double blocks = 0.0;
+        if (length != NULL) {
+            blocks = PyFloat_AsDouble(length);
+            Py_DECREF(length);
+        }
+        if (PyErr_Occurred()) {
+            Py_DECREF(held);
+            return NULL;
+        }
+        PyObject *boxed = PyFloat_FromDouble(blocks * scale);
+        if (boxed == NULL) {
+            Py_DECREF(held);
+            return NULL;
+        }
+        PyList_SET_ITEM(held, i, boxed);
+    }
+    return held;
+}
+
+typedef struct {
+    double value;
+    Py_ssize_t index;
+} Ranked;
+
+static int compare_ranked(const void *a, const void *b) {
+    const Ranked *x = a, *y = b;
+    if (x->value < y->value) return -1;
+    if (x->value > y->value) return 1;
+    return (x->index > y->index) - (x->index < y->index); /* stable, as sorted() */
+}
+
+/* gateway.routing.cost.argsort: the indices of `values` in ascending order of value, equal
+ * values in index order (sorted(range(len(values)), key=values.__getitem__)); NaN as +inf. */
+static PyObject *native_argsort(PyObject *module, PyObject *values) {
+    if (!PyList_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "argsort(values: list)");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    Ranked *ranked = PyMem_Malloc(sizeof(Ranked) * (size_t)(count ? count : 1));
+    if (ranked == NULL) {
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double value = PyFloat_AsDouble(PyList_GET_ITEM(values, i));
+        if (value == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(ranked);
+            return NULL;
+        }
+        ranked[i].value = value == value ? value : Py_HUGE_VAL; /* NaN last, not undefined */
+        ranked[i].index = i;
+    }
+    qsort(ranked, (size_t)count, sizeof(Ranked), compare_ranked);
+    PyObject *order = PyList_New(count);
+    for (Py_ssize_t i = 0; order != NULL && i < count; i++) {
+        PyObject *index = PyLong_FromSsize_t(ranked[i].index);
+        if (index == NULL) {
+            Py_CLEAR(order);
+            break;
+        }
+        PyList_SET_ITEM(order, i, index);
+    }
+    PyMem_Free(ranked);
+    return order;
+}
+
 /* -- module --------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1679,6 +1776,8 @@ static PyMethodDef module_methods[] = {
     {"match_walk", (PyCFunction)(void (*)(void))native_match_walk, METH_FASTCALL, NULL},
     {"spread_ends", (PyCFunction)(void (*)(void))native_spread_ends, METH_FASTCALL, NULL},
     {"affine_costs", (PyCFunction)(void (*)(void))native_affine_costs, METH_FASTCALL, NULL},
+    {"held_tokens", (PyCFunction)(void (*)(void))native_held_tokens, METH_FASTCALL, NULL},
+    {"argsort", (PyCFunction)native_argsort, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,6 +1,6 @@
 """Types of the compiled primitives (indexer/_native.c); see indexer/native.py."""
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Generic, TypeVar, overload
 
 _K = TypeVar("_K")
@@ -25,6 +25,8 @@ def affine_costs(
     now: float,
     /,
 ) -> tuple[list[float], list[float]]: ...
+def held_tokens(lengths: Mapping[str, int], names: list[str], scale: float, /) -> list[float]: ...
+def argsort(values: list[float], /) -> list[int]: ...
 
 class U64Map(Generic[_K, _V]):
     """An insertion-ordered mapping storing unsigned 64-bit int keys and values unboxed."""

@@ -39,7 +39,7 @@ class PrefixStore:
     the store (entries of pods that still point at it are swept).
     """
 
-    __slots__ = ("access", "alive", "context", "held", "last_access", "tiers")
+    __slots__ = ("access", "alive", "context", "held", "last_access", "offloaded", "tiers")
 
     def __init__(self, context: ModelContext, now: float) -> None:
         self.context = context
@@ -47,6 +47,8 @@ class PrefixStore:
         access: dict[int, float] = {}
         self.held: BlockMap[int, int] = held
         self.tiers: dict[int, list[int]] = {}
+        self.offloaded: set[int] = set()
+        """The blocks some pod holds on CPU or STORAGE (a match asks whether it meets one)."""
         self.access: Stamps = access
         self.last_access = now
         self.alive = True
@@ -69,8 +71,12 @@ class PrefixStore:
         """Recompute `held` of a block from its tier masks (folding them away when it is
         all-GPU); drops the block when nobody holds it. Returns the new `held`."""
         held = masks[_GPU] | masks[_CPU] | masks[_STORAGE] | masks[_EXPECTED]
-        if not (masks[_CPU] or masks[_STORAGE] or masks[_EXPECTED]):
-            del self.tiers[gw_hash]
+        if masks[_CPU] or masks[_STORAGE]:
+            self.offloaded.add(gw_hash)
+        else:
+            self.offloaded.discard(gw_hash)
+            if not masks[_EXPECTED]:
+                del self.tiers[gw_hash]
         if held:
             self.held[gw_hash] = held
         else:
@@ -95,6 +101,7 @@ class PrefixStore:
         del self.held[gw_hash]
         del cast(dict[int, float], self.access)[gw_hash]
         self.tiers.pop(gw_hash, None)
+        self.offloaded.discard(gw_hash)
 
     def walk(self, prefix_hashes: Sequence[int], alive: int, now: float) -> list[tuple[int, int]]:
         """The match's walk: from the prompt's first block, while some pod of `alive` (a
@@ -144,6 +151,7 @@ class CompiledStore(PrefixStore):
     def forget(self, gw_hash: int) -> None:
         del self.held[gw_hash]  # its access time goes with it
         self.tiers.pop(gw_hash, None)
+        self.offloaded.discard(gw_hash)
 
     def walk(self, prefix_hashes: Sequence[int], alive: int, now: float) -> list[tuple[int, int]]:
         ends = self._native_walk(self._map, prefix_hashes, alive, now)

@@ -11,24 +11,91 @@ from indexer.types import Tier
 _GPU, _CPU, _STORAGE, _EXPECTED = Tier.GPU, Tier.CPU, Tier.STORAGE, Tier.EXPECTED
 
 
+class TierScan:
+    """The matched blocks that some pod holds off-GPU or merely expects, as (block index,
+    tier masks) pairs, scanned from the store on first use: a decision on a GPU-only fleet
+    (the common case) asks only whether any matched block must be loaded from CPU or
+    STORAGE, which the store answers without a scan (`PrefixStore.offloaded`).
+
+    A pod's answers hold until its own entries change: the router's entries for the pod
+    a request is sent to change only blocks past that pod's match."""
+
+    __slots__ = ("_held", "_off_gpu", "_offloaded", "_tiered", "_tiers")
+
+    def __init__(self, tiers: Mapping[int, list[int]] | None, held: Sequence[int]) -> None:
+        self._tiers = tiers
+        self._held = held
+        self._tiered: tuple[tuple[int, tuple[int, ...]], ...] = ()
+        self._off_gpu = 0
+        self._offloaded = 0
+
+    def _scan(self) -> None:
+        tiers, self._tiers = self._tiers, None
+        if not tiers:
+            return
+        held = self._held
+        if tiers.keys().isdisjoint(held):
+            return
+        tiered: list[tuple[int, tuple[int, ...]]] = []
+        off_gpu = offloaded = 0
+        for index, gw_hash in enumerate(held):
+            block_masks = tiers.get(gw_hash)
+            if block_masks is not None:
+                tiered.append((index, tuple(block_masks)))
+                loaded = (block_masks[_CPU] | block_masks[_STORAGE]) & ~block_masks[_GPU]
+                off_gpu |= (loaded | block_masks[_EXPECTED]) & ~block_masks[_GPU]
+                offloaded |= loaded
+        self._tiered, self._off_gpu, self._offloaded = tuple(tiered), off_gpu, offloaded
+
+    @property
+    def tiered(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        if self._tiers is not None:
+            self._scan()
+        return self._tiered
+
+    @property
+    def off_gpu(self) -> int:
+        """Pods (bits) holding some tiered block off-GPU or merely expecting it."""
+        if self._tiers is not None:
+            self._scan()
+        return self._off_gpu
+
+    @property
+    def offloaded(self) -> int:
+        """Of those, the pods that may hold some matched block on CPU or STORAGE but not on
+        GPU: the blocks that cost a load to reuse."""
+        if self._tiers is not None:
+            self._scan()
+        return self._offloaded
+
+
+_NO_TIERS = TierScan(None, ())
+
+
 @dataclass(frozen=True, slots=True)
 class MatchResult:
     """Per candidate pod, the number of consecutive prompt blocks it holds from the start.
 
-    Tiers are resolved lazily: only blocks that some pod holds off-GPU (or merely
-    expects) are recorded, as (block index, tier masks) pairs; every other matched block
-    is on GPU for every pod that holds it.
+    Tiers are resolved lazily (`TierScan`): only blocks that some pod holds off-GPU (or
+    merely expects) are recorded, as (block index, tier masks) pairs; every other matched
+    block is on GPU for every pod that holds it.
     """
 
     prompt_blocks: int
     blocks: Mapping[str, int]
     _bits: Mapping[str, int] = field(default_factory=dict, repr=False)
-    _tiered: tuple[tuple[int, tuple[int, ...]], ...] = field(default=(), repr=False)
-    _off_gpu: int = field(default=0, repr=False)
-    """Pods (bits) holding some tiered block off-GPU or merely expecting it."""
+    _scan: TierScan = field(default=_NO_TIERS, repr=False)
     _offloaded: int = field(default=0, repr=False)
-    """Of those, the pods that may hold some matched block on CPU or STORAGE but not on
-    GPU: the blocks that cost a load to reuse."""
+    """The pods that may hold some matched block on CPU or STORAGE but not on GPU (known
+    at the match: every decision asks)."""
+
+    @property
+    def _tiered(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        return self._scan.tiered
+
+    @property
+    def _off_gpu(self) -> int:
+        return self._scan.off_gpu
 
     def matched(self, pod: str) -> int:
         return self.blocks.get(pod, 0)
@@ -61,6 +128,13 @@ class MatchResult:
         """Whether `pod` may hold some matched block on CPU or STORAGE and not on GPU; False
         means it holds none (its matched blocks are on GPU or expected there)."""
         return bool(self._offloaded & self._bits.get(pod, 0))
+
+    def longest(self) -> int:
+        """The most blocks any candidate matched."""
+        blocks = self.blocks
+        if type(blocks) is MatchedBlocks:
+            return blocks.longest()
+        return max(blocks.values(), default=0)
 
     def lengths(self) -> Mapping[str, int]:
         """`blocks` as a plain mapping (candidate -> matched blocks), resolved once: for a
@@ -179,6 +253,11 @@ class MatchedBlocks(Mapping[str, int]):
         self._ends = ends  # (matched length, mask of the pods that stop there), ascending
         self._table: dict[str, int] | None = None
 
+    def longest(self) -> int:
+        """The longest candidate's length (0 when none matched): the last end's."""
+        ends = self._ends
+        return ends[-1][0] if ends else 0
+
     def __getitem__(self, pod: str) -> int:
         bit = self._bits[pod]
         if self._table is not None:
@@ -252,17 +331,13 @@ def match_prefix(
         return MatchResult(total, MatchedBlocks(candidates, []), bits)
     store.last_access = now
     ends = store.walk(prefix_hashes, alive, now)
-    tiered: list[tuple[int, tuple[int, ...]]] = []
-    off_gpu = offloaded = 0
-    tiers = store.tiers
-    if tiers and not tiers.keys().isdisjoint(held := prefix_hashes[: ends[-1][0]]):
-        for index, gw_hash in enumerate(held):
-            block_masks = tiers.get(gw_hash)
-            if block_masks is not None:
-                tiered.append((index, tuple(block_masks)))
-                loaded = (block_masks[_CPU] | block_masks[_STORAGE]) & ~block_masks[_GPU]
-                off_gpu |= (loaded | block_masks[_EXPECTED]) & ~block_masks[_GPU]
-                offloaded |= loaded
+    held = prefix_hashes[: ends[-1][0]]
+    scan = TierScan(store.tiers, held) if store.tiers else _NO_TIERS
+    offloaded = store.offloaded
     return MatchResult(
-        total, MatchedBlocks(candidates, ends), bits, tuple(tiered), off_gpu, offloaded
+        total,
+        MatchedBlocks(candidates, ends),
+        bits,
+        scan,
+        scan.offloaded if offloaded and not offloaded.isdisjoint(held) else 0,
     )

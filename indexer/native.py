@@ -68,7 +68,11 @@ AffineCosts = Callable[
     tuple[list[float], list[float]],
 ]
 """(bases, units, step ends, cached tokens, prompt tokens, step term, now) -> per pod
-(TTFT, own prefill): `gateway.routing.cost.affine_costs`."""
+(TTFT, own prefill): `gateway.routing.kernels.affine_costs`."""
+HeldTokens = Callable[[Mapping[str, int], list[str], float], list[float]]
+"""`gateway.routing.kernels.held_tokens`."""
+Argsort = Callable[[list[float]], list[int]]
+"""`gateway.routing.kernels.argsort`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +90,10 @@ class Native:
     """`MatchedBlocks.table`'s loop over the set bits of the walk's ends (False: masks
     wider than 64 bits)."""
     affine_costs: AffineCosts
-    """The routing cost model's `affine_costs` (not the index's, but as hot)."""
+    held_tokens: HeldTokens
+    argsort: Argsort
+    """The routing decision's kernels (`gateway/routing/kernels.py`): not the index's, but
+    as hot."""
 
 
 def pure_python_forced(environ: Mapping[str, str] | None = None) -> bool:
@@ -113,4 +120,6 @@ def load_native(pure: bool | None = None) -> Native | None:
         map_type=_native.U64Map,
         spread_ends=_native.spread_ends,
         affine_costs=_native.affine_costs,
+        held_tokens=_native.held_tokens,
+        argsort=_native.argsort,
     )

@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from gateway.routing.kernels import Kernels
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
-from indexer.native import AffineCosts, load_native
 
 __all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
 
@@ -199,28 +199,6 @@ class _Ranking:
         self.ends[at] = estimate.step_end
 
 
-def affine_costs(
-    bases: list[float],
-    units: list[float],
-    ends: list[float],
-    cached: list[float],
-    prompt_tokens: float,
-    step_term: float,
-    now: float,
-) -> tuple[list[float], list[float]]:
-    """Per pod: (TTFT, own prefill) = (base + prefill + θ5 · max(0, end − now), unit · own
-    uncached tokens). Compiled as `indexer._native.affine_costs` (same operations)."""
-    ttfts: list[float] = []
-    prefills: list[float] = []
-    for base, unit, end, held in zip(bases, units, ends, cached, strict=True):
-        own = prompt_tokens - held
-        prefill = unit * own if own > 0.0 else 0.0
-        remaining = end - now
-        ttfts.append(base + prefill + step_term * remaining if remaining > 0.0 else base + prefill)
-        prefills.append(prefill)
-    return ttfts, prefills
-
-
 @dataclass(slots=True)
 class _PodWork:
     """What this gateway has outstanding on one pod, and what it has seen of its steps."""
@@ -295,11 +273,11 @@ class CostModel:
         clock: Callable[[], float] | None = None,
         pure_python: bool | None = None,
     ) -> None:
-        """`pure_python`: rank without the compiled multiply-add (None: as
-        KVGATE_PURE_PYTHON says, like the index)."""
+        """`pure_python`: rank without the compiled kernels (None: as KVGATE_PURE_PYTHON
+        says, like the index)."""
         self.params = params or CostParams()
-        native = load_native(pure_python)
-        self._affine_costs: AffineCosts = affine_costs if native is None else native.affine_costs
+        self.kernels = Kernels.load(pure_python)
+        """A decision's passes over its candidates (the pickers use them too)."""
         self._clock = clock or time.perf_counter
         self._pods: dict[str, _PodWork] = {}
         self.fleet = TtftModel(self.params)
@@ -406,7 +384,7 @@ class CostModel:
                     update(at, estimate(self._work(work.name), pod.scraped_at, pod.running,
                                         pod.waiting))  # fmt: skip
             ranking.position = len(self._changes)
-        return self._affine_costs(
+        return self.kernels.affine_costs(
             ranking.bases, ranking.units, ranking.ends, list(cached), prompt_tokens,
             self._theta[STEP_TERM], now,
         )  # fmt: skip

@@ -13,7 +13,7 @@ from indexer import MatchResult, Tier
 
 
 def cached_tokens(
-    cost: CostModel, block_size: int, match: MatchResult | None, names: Sequence[str]
+    cost: CostModel, block_size: int, match: MatchResult | None, names: list[str]
 ) -> list[float]:
     """The prompt tokens each of `names` need not prefill, from the match (GPU and expected
     blocks free, CPU and STORAGE blocks at their load cost)."""
@@ -21,8 +21,7 @@ def cached_tokens(
         return [0.0] * len(names)
     block = float(block_size)
     if not match.offloaded:  # on GPU or expected there: the lengths are the whole answer
-        lengths = match.lengths()
-        return [lengths.get(name, 0) * block for name in names]
+        return cost.kernels.held_tokens(match.lengths(), names, block)
     cached = []
     for name in names:
         if not match.offloaded_for(name):
@@ -139,7 +138,6 @@ class MinPredictedTtftPicker:
         if not pods:
             return []
         match = request.match
-        lengths: Mapping[str, int] = match.lengths() if match is not None else {}
         names = [pod.pod.name for pod in pods]
         cached = cached_tokens(self._cost, self._block_size, match, names)
         ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens, names)
@@ -160,7 +158,7 @@ class MinPredictedTtftPicker:
                 )
         # A first turn whose whole prompt some pod already holds is a repeat (a retry, a
         # regenerated answer), not a new conversation: it goes where it is cached.
-        repeat = 0 < request.prompt_blocks <= max(lengths.values(), default=0)
+        repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         if placing:
             # As if every pod held as much as the best (the shared prefix): each pod's own
@@ -176,7 +174,7 @@ class MinPredictedTtftPicker:
             costs = [ttft + weight * prefill for ttft, prefill in zip(ttfts, prefills, strict=True)]
         else:
             costs = ttfts
-        order = sorted(range(len(pods)), key=costs.__getitem__)
+        order = self._cost.kernels.argsort(costs)
         if self.probe_rate and self._rng.random() < self.probe_rate:
             # Now and then a stale pod goes first: a pod one unlucky answer made look slow
             # gets measured again instead of starving; a pod in use is never probed.

@@ -39,6 +39,7 @@ class Decision:
     ranking: list[PodState]
     """Candidates that passed the filters, best first."""
     scores: dict[str, float] = field(default_factory=dict)
+    """Per pod, the weighted sum of its scores (empty when the profile has no scorer)."""
     components: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per pod, each scorer's score before weighting (for /admin/match; empty when the
     profile has no scorer)."""
@@ -85,7 +86,8 @@ class RoutingProfile:
             timer(step.name, clock() - started)
             if not pods:
                 return Decision(self.name, [])
-        totals = dict.fromkeys([pod.pod.name for pod in pods], 0.0)
+        # without scorers nothing is summed: the picker ranks by its own measure
+        totals = dict.fromkeys([pod.pod.name for pod in pods], 0.0) if self.scorers else {}
         components: dict[str, dict[str, float]] = (
             {name: {} for name in totals} if self.scorers else {}
         )

@@ -498,25 +498,6 @@ def test_rank_costs_follow_every_change_of_the_pods(
             assert prefill == pytest.approx(prediction.own_prefill_s(), rel=1e-9), step
 
 
-def test_the_compiled_multiply_add_is_the_pure_one() -> None:
-    """`_native.affine_costs` does `affine_costs`' operations in the same order."""
-    from gateway.routing.cost import affine_costs
-    from indexer.native import load_native
-
-    native = load_native(pure=False)
-    if native is None:
-        pytest.skip("the C extension is not built here (no compiler): the pure path runs")
-    rng = random.Random(5)
-    for size in (0, 1, 7, 64):
-        lists = [[rng.uniform(-1.0, 2.0) for _ in range(size)] for _ in range(4)]
-        args = (*lists, rng.choice((100, 2048.0)), rng.uniform(0.0, 2.0), rng.uniform(0.0, 1.0))
-        assert native.affine_costs(*args) == affine_costs(*args)
-    with pytest.raises(ValueError, match="differ in length"):
-        native.affine_costs([1.0], [1.0], [1.0], [], 1.0, 1.0, 0.0)
-    with pytest.raises(TypeError):
-        native.affine_costs([1.0], [1.0], [1.0], ["x"], 1.0, 1.0, 0.0)
-
-
 def test_placement_by_conversations_counts_first_turns_not_requests() -> None:
     """`placement_key = "conversations"`: a pod carrying one busy conversation is less
     loaded than one carrying three quiet ones (the request-rate key says the opposite)."""

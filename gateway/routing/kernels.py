@@ -1,0 +1,58 @@
+"""A decision's passes over its candidates: each runs once per decision over every pod of
+the model, so each has a compiled twin in `indexer._native` (same operations, same
+answers), and these pure-Python ones where it was not built or KVGATE_PURE_PYTHON asks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from indexer.native import AffineCosts, Argsort, HeldTokens, load_native
+
+
+def affine_costs(
+    bases: list[float],
+    units: list[float],
+    ends: list[float],
+    cached: list[float],
+    prompt_tokens: float,
+    step_term: float,
+    now: float,
+) -> tuple[list[float], list[float]]:
+    """Per pod: (TTFT, own prefill) = (base + prefill + θ5 · max(0, end − now), unit · own
+    uncached tokens)."""
+    ttfts: list[float] = []
+    prefills: list[float] = []
+    for base, unit, end, held in zip(bases, units, ends, cached, strict=True):
+        own = prompt_tokens - held
+        prefill = unit * own if own > 0.0 else 0.0
+        remaining = end - now
+        ttfts.append(base + prefill + step_term * remaining if remaining > 0.0 else base + prefill)
+        prefills.append(prefill)
+    return ttfts, prefills
+
+
+def held_tokens(lengths: Mapping[str, int], names: list[str], scale: float) -> list[float]:
+    """Per name: its matched blocks × `scale` (tokens per block), 0.0 when unmatched."""
+    return [lengths.get(name, 0) * scale for name in names]
+
+
+def argsort(values: list[float]) -> list[int]:
+    """The indices of `values` by ascending value, equal values in index order."""
+    return sorted(range(len(values)), key=values.__getitem__)
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    affine_costs: AffineCosts
+    held_tokens: HeldTokens
+    argsort: Argsort
+
+    @classmethod
+    def load(cls, pure_python: bool | None = None) -> Kernels:
+        """The compiled kernels where built, unless `pure_python` (None: as
+        KVGATE_PURE_PYTHON says)."""
+        native = load_native(pure_python)
+        if native is None:
+            return cls(affine_costs, held_tokens, argsort)
+        return cls(native.affine_costs, native.held_tokens, native.argsort)
