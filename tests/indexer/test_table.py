@@ -314,6 +314,28 @@ def test_refreshing_an_expected_entry_extends_it(
     assert matched(table, pods=["a"]) == {"a": 0}
 
 
+def test_a_hot_prefix_refreshed_by_every_request_keeps_the_expiry_queue_small(
+    table: SyncPrefixHashTable, clock: FakeClock
+) -> None:
+    """Every request routed refreshes its prompt's entries: stale items of the expiry
+    queue are compacted away, and what expires is exactly what was not refreshed."""
+    hashes = table.prefix_hashes(TOKENS)
+    table.register_pod("b", "m")
+    for _ in range(3000):
+        table.add_prefix("a", CTX, hashes[:3], ttl=5)
+        table.add_prefix("b", CTX, hashes[:1], ttl=5)
+        clock.advance(0.001)
+    expiry_queue = table._expected._heap  # its size is what is checked
+    assert sum(len(keys) for *_, keys in expiry_queue) <= 4 * 4 + 1024
+    table.add_prefix("b", CTX, hashes[:2], ttl=10)
+    clock.advance(6)
+    assert matched(table, pods=["a", "b"]) == {"a": 0, "b": 2}
+    assert table.stats().expected == 2
+    clock.advance(5)
+    assert matched(table, pods=["a", "b"]) == {"a": 0, "b": 0}
+    assert table.stats().expected == 0
+
+
 def test_expected_entries_skip_blocks_already_held(table: SyncPrefixHashTable) -> None:
     store_chain(table, "a", [1, 2])
     assert table.add_prefix("a", CTX, table.prefix_hashes(TOKENS)[:3]) == 1
