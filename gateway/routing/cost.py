@@ -380,7 +380,7 @@ class CostModel:
             for work in {id(w): w for w in self._changes[ranking.position :]}.values():
                 at = index.get(work.name)
                 if at is not None:
-                    pod = ranking.pods[at]
+                    pod = pods[at]
                     update(at, estimate(self._work(work.name), pod.scraped_at, pod.running,
                                         pod.waiting))  # fmt: skip
             ranking.position = len(self._changes)
@@ -767,6 +767,7 @@ class CostModel:
 
     def _drop(self, name: str) -> None:
         work = self._pods.pop(name)
+        self._changed(work)  # a ranking that still holds it re-estimates it from scratch
         if work.speed is not None:
             self._log_speeds -= work.speed.log
             self._answered -= 1

@@ -266,6 +266,7 @@ class IndexMachine(RuleBasedStateMachine):
                 helds[pod].setdefault(prefix, Tier.EXPECTED)
         for prompt in self.prompts:
             result = self.table.match(CTX, self.table.prefix_hashes(prompt), PODS)
+            assert result.longest() == max(result.lengths().values(), default=0), prompt
             for pod in PODS:
                 expected_tiers = []
                 for end in range(BLOCK, len(prompt) + 1, BLOCK):
