@@ -1600,7 +1600,14 @@ static PyObject *native_spread_ends(PyObject *module, PyObject *const *args, Py_
 /* Reads `count` floats (or ints) of a list into `out`; 0 with an exception set otherwise. */
 static int read_doubles(PyObject *list, Py_ssize_t count, double *out) {
     for (Py_ssize_t i = 0; i < count; i++) {
-        double value = PyFloat_AsDouble(PyList_GET_ITEM(list, i));
+        if (i >= PyList_GET_SIZE(list)) { /* an item's __float__ shortened it */
+            PyErr_SetString(PyExc_RuntimeError, "affine_costs: a list changed while read");
+            return 0;
+        }
+        PyObject *item = PyList_GET_ITEM(list, i);
+        Py_INCREF(item); /* its __float__ may drop it from the list */
+        double value = PyFloat_AsDouble(item);
+        Py_DECREF(item);
         if (value == -1.0 && PyErr_Occurred()) {
             return 0;
         }
@@ -1689,6 +1696,11 @@ static PyObject *native_held_tokens(PyObject *module, PyObject *const *args, Py_
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
+        if (i >= PyList_GET_SIZE(names)) { /* a mapping's __getitem__ shortened it */
+            Py_DECREF(held);
+            PyErr_SetString(PyExc_RuntimeError, "held_tokens: names changed while read");
+            return NULL;
+        }
         PyObject *name = PyList_GET_ITEM(names, i);
         Py_INCREF(name);
         PyObject *length; /* a new reference, or NULL: no such name (or an error) */
@@ -1746,7 +1758,15 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        double value = PyFloat_AsDouble(PyList_GET_ITEM(values, i));
+        if (i >= PyList_GET_SIZE(values)) { /* an item's __float__ shortened it */
+            PyMem_Free(ranked);
+            PyErr_SetString(PyExc_RuntimeError, "argsort: values changed while read");
+            return NULL;
+        }
+        PyObject *item = PyList_GET_ITEM(values, i);
+        Py_INCREF(item); /* its __float__ may drop it from the list */
+        double value = PyFloat_AsDouble(item);
+        Py_DECREF(item);
         if (value == -1.0 && PyErr_Occurred()) {
             PyMem_Free(ranked);
             return NULL;

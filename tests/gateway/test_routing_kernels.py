@@ -54,3 +54,21 @@ def test_argsort_is_sorted_by_value_and_stable(compiled: Kernels) -> None:
     assert compiled.argsort([1.0, math.nan, 0.5, math.inf]) == [2, 0, 1, 3]  # NaN as +inf
     with pytest.raises(TypeError):
         compiled.argsort((1.0, 2.0))  # type: ignore[arg-type]
+
+
+def test_lists_changed_while_read_are_refused(compiled: Kernels) -> None:
+    """An item whose float conversion empties the list it is read from: an error, not a
+    read past the list's end."""
+    values: list[float] = []
+
+    class Shrinking:
+        def __float__(self) -> float:
+            values.clear()
+            return 1.0
+
+    values.extend([Shrinking(), 2.0, 3.0])  # type: ignore[list-item]
+    with pytest.raises(RuntimeError, match="changed while read"):
+        compiled.argsort(values)
+    values.extend([Shrinking(), 2.0])  # type: ignore[list-item]
+    with pytest.raises(RuntimeError, match="changed while read"):
+        compiled.affine_costs(values, [1.0, 1.0], [1.0, 1.0], [1.0, 1.0], 1.0, 1.0, 0.0)
