@@ -1595,13 +1595,13 @@ static PyObject *native_spread_ends(PyObject *module, PyObject *const *args, Py_
     Py_RETURN_TRUE;
 }
 
-/* -- the cost model's per-candidate multiply-add --------------------------------------- */
+/* -- the routing decision's kernels (gateway/routing/kernels.py) ------------------------- */
 
 /* Reads `count` floats (or ints) of a list into `out`; 0 with an exception set otherwise. */
 static int read_doubles(PyObject *list, Py_ssize_t count, double *out) {
     for (Py_ssize_t i = 0; i < count; i++) {
         if (i >= PyList_GET_SIZE(list)) { /* an item's __float__ shortened it */
-            PyErr_SetString(PyExc_RuntimeError, "affine_costs: a list changed while read");
+            PyErr_SetString(PyExc_RuntimeError, "a list of floats changed while read");
             return 0;
         }
         PyObject *item = PyList_GET_ITEM(list, i);
@@ -1753,27 +1753,19 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(values);
-    Ranked *ranked = PyMem_Malloc(sizeof(Ranked) * (size_t)(count ? count : 1));
-    if (ranked == NULL) {
-        return PyErr_NoMemory();
+    size_t size = (size_t)(count ? count : 1);
+    Ranked *ranked = PyMem_Malloc(sizeof(Ranked) * size);
+    double *read = PyMem_Malloc(sizeof(double) * size);
+    if (ranked == NULL || read == NULL || !read_doubles(values, count, read)) {
+        PyMem_Free(ranked);
+        PyMem_Free(read);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (i >= PyList_GET_SIZE(values)) { /* an item's __float__ shortened it */
-            PyMem_Free(ranked);
-            PyErr_SetString(PyExc_RuntimeError, "argsort: values changed while read");
-            return NULL;
-        }
-        PyObject *item = PyList_GET_ITEM(values, i);
-        Py_INCREF(item); /* its __float__ may drop it from the list */
-        double value = PyFloat_AsDouble(item);
-        Py_DECREF(item);
-        if (value == -1.0 && PyErr_Occurred()) {
-            PyMem_Free(ranked);
-            return NULL;
-        }
-        ranked[i].value = value == value ? value : Py_HUGE_VAL; /* NaN last, not undefined */
+        ranked[i].value = read[i] == read[i] ? read[i] : Py_HUGE_VAL; /* NaN last */
         ranked[i].index = i;
     }
+    PyMem_Free(read);
     qsort(ranked, (size_t)count, sizeof(Ranked), compare_ranked);
     PyObject *order = PyList_New(count);
     for (Py_ssize_t i = 0; order != NULL && i < count; i++) {
