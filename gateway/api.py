@@ -183,7 +183,7 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         return await gateway.upstream.forward(  # type: ignore[return-value]  # ASGI response
             proxy_request,
             routed.decision.ranking,
-            ClientWatch(request.receive),
+            ClientWatch.of(request.scope, request.receive),
             on_attempt=on_attempt,
             on_served=on_served,
             on_first_byte=on_first_byte,

@@ -7,14 +7,46 @@ limit. This subclass answers 431 when a request's URL + headers exceed `max_head
 and closes a connection that has not completed a request's headers within
 `header_timeout_s` (from its opening, or from the start of each request on a kept-alive
 connection). The request body's own deadline is the app's (`KVGATE_BODY_TIMEOUT`).
+
+It also tells the app when the client's connection closes, through the scope extension
+`CLIENT_GONE` (a `ConnectionWatch`): the proxy hears of a client leaving from the protocol
+itself instead of keeping a task per request blocked in `receive()` for the disconnect.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+CLIENT_GONE = "kvgate.client_gone"
+"""The scope extension holding the request's `ConnectionWatch`."""
+
+
+class ConnectionWatch:
+    """One client connection: `closed` once it is lost, and who wants to hear of it."""
+
+    __slots__ = ("_callbacks", "closed")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """`callback` is called once when the connection is lost (not if it already is)."""
+        self._callbacks.append(callback)
+
+    def unsubscribe(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def lost(self) -> None:
+        self.closed = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 class HeaderTooLarge(Exception):
@@ -40,6 +72,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._header_overflow = False
         self._header_timer: asyncio.TimerHandle | None = None
+        self._watch = ConnectionWatch()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -48,9 +81,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+        self._watch.lost()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]
+        scope["extensions"] = {**scope.get("extensions", {}), CLIENT_GONE: self._watch}
         self._header_bytes = 0
         self._start_header_timer()
 
