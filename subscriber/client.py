@@ -43,6 +43,7 @@ from subscriber.live_queue import LiveQueue
 from subscriber.rejects import RejectCounter
 from subscriber.replay import ReplayUnavailableError, fetch_replay
 from subscriber.sink import BatchSink
+from subscriber.socket_reader import SocketReader
 from subscriber.status import (
     Phase,
     PodEndpoint,
@@ -228,19 +229,23 @@ class PodSubscriber:
     async def _read_live(self, sub: zmq.asyncio.Socket) -> None:
         queue = self._queue
         received = 0
-        while True:
-            frames = await sub.recv_multipart()
-            received += 1
-            if received % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # messages already waiting do not suspend the await
-            self._last_message_at = self._clock()
-            try:
-                _topic, seq, payload = decode_pub_message(frames)
-            except DecodeError as exc:
-                self._reject(exc)
-                continue
-            if not queue.put((seq, payload)):
-                self._counters.live_dropped += 1  # the seq gap brings it back by replay
+        reader = SocketReader(sub)
+        try:
+            while True:
+                frames = await reader.recv_multipart()
+                received += 1
+                if received % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # messages already waiting do not suspend the await
+                self._last_message_at = self._clock()
+                try:
+                    _topic, seq, payload = decode_pub_message(frames)
+                except DecodeError as exc:
+                    self._reject(exc)
+                    continue
+                if not queue.put((seq, payload)):
+                    self._counters.live_dropped += 1  # the seq gap brings it back by replay
+        finally:
+            reader.close()
 
     async def _next_live(self, reader: asyncio.Task[None]) -> tuple[int, bytes] | None:
         """The next live batch; None after `idle_probe_s` without one."""

@@ -1,0 +1,54 @@
+"""Receiving from a ZMQ socket on the event loop without pyzmq's asyncio layer.
+
+pyzmq's asyncio socket makes a future per `recv_multipart`, registers and drops interest
+in the socket's events around it and re-checks them on every wake-up: about two thirds of
+the gateway's CPU per live KV event batch (one batch per request with distinct prompts).
+Here the socket's file descriptor stays registered for the reader's lifetime and each
+wait is one bare future: `recv_multipart` first tries a non-blocking receive, and only
+when nothing is queued waits for the descriptor to signal.
+
+ZMQ's descriptor is edge-like: it signals that the socket's state may have changed, and
+is reset by the library whenever it processes its commands (any receive does). So the
+reader never waits while a message is queued (a non-blocking receive comes first), and a
+message arriving after the receive that found none signals the descriptor again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import zmq
+
+
+class SocketReader:
+    """Multipart messages from `socket`, awaited; `close()` before the socket closes."""
+
+    def __init__(self, socket: zmq.Socket[Any]) -> None:
+        self._socket: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
+        fd = self._socket.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
+        self._fd = fd
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop.add_reader(self._fd, self._signalled)
+
+    def _signalled(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def recv_multipart(self) -> list[bytes]:
+        while True:
+            try:
+                return self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            waiter = self._waiter = self._loop.create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._fd)
