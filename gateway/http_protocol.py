@@ -72,6 +72,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._header_overflow = False
         self._header_timer: asyncio.TimerHandle | None = None
+        self._headers_pending = False
         self._watch = ConnectionWatch()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -88,17 +89,29 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]
         scope["extensions"] = {**scope.get("extensions", {}), CLIENT_GONE: self._watch}
         self._header_bytes = 0
-        self._start_header_timer()
+        # The request's headers are due header_timeout_s from now: timed only if they do
+        # not all arrive in this read (`data_received`), as clients send them.
+        self._cancel_header_timer()
+        self._headers_pending = True
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        pending = self._headers_pending and self._header_timer is None
+        if pending and not self.transport.is_closing():
+            self._start_header_timer()
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)  # ": " and CRLF, as on the wire
+        self._header_bytes += len(name) + len(value) + 4  # ": " and CRLF, as on the wire
+        if self._header_bytes > self.max_header_bytes:
+            self._count(0)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._headers_pending = False
         self._cancel_header_timer()
         super().on_headers_complete()
 
