@@ -274,14 +274,17 @@ class Exchange:
 
     # -- the caller's side --------------------------------------------------------------
     async def response(self) -> None:
-        """Wait for the status line and headers."""
+        """Wait for the status line and headers (a timer, not `asyncio.timeout`: the
+        timeout fails the exchange, which wakes this wait with ResponseTimeout)."""
+        timer = self._loop.call_later(self._read_timeout_s, self._on_response_timeout)
         try:
-            async with asyncio.timeout(self._read_timeout_s):  # not wait_for: see replay.py
-                await self._headers_done
-        except TimeoutError:
-            error = ResponseTimeout(f"no answer within {self._read_timeout_s} s")
-            self._fail(error)
-            raise error from None
+            await self._headers_done
+        finally:
+            timer.cancel()
+
+    def _on_response_timeout(self) -> None:
+        if not self._headers_done.done():
+            self._fail(ResponseTimeout(f"no answer within {self._read_timeout_s} s"))
 
     def take_body(self) -> bytes:
         """Everything buffered so far (the whole body once `complete`)."""
