@@ -8,12 +8,14 @@ import json
 import math
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from gateway.errors import BadRequest, ClientClosed, PayloadTooLarge, RequestTimeout
 from gateway.pinning.session import PIN_HEADER, PIN_TOKEN_HEADER, session_pin_hook
@@ -27,6 +29,10 @@ from subscriber import Phase
 
 POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
+_POLICY_HEADERS = tuple(name.encode("latin-1") for name in POLICY_HEADERS)
+_PIN_HEADER = PIN_HEADER.encode("latin-1")
+_PIN_TOKEN_HEADER = PIN_TOKEN_HEADER.encode("latin-1")
+_SLO_TTFT_HEADER = SLO_TTFT_HEADER.encode("latin-1")
 
 
 async def read_json(
@@ -39,13 +45,23 @@ async def read_json(
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
     chunks: list[bytes] = []
     size = 0
+    receive = request.receive  # as `request.stream()` reads it, without an async generator
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-                chunks.append(chunk)
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                if message["type"] != "http.request":
+                    continue
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
     except TimeoutError:
         raise RequestTimeout(f"request body not received within {timeout_s} s") from None
     except ClientDisconnect:
@@ -116,11 +132,23 @@ def _check_prompt_list(prompt: list[Any]) -> None:
     )
 
 
-def requested_policy(request: Request) -> str | None:
-    for header in POLICY_HEADERS:
-        value = request.headers.get(header)
+def first_values(request: Request) -> dict[bytes, bytes]:
+    """Each request header's first value by its (lower-case) name, what starlette's
+    `Headers.get` finds: one pass instead of a scan (and a KeyError) per lookup."""
+    return dict(reversed(request.scope["headers"]))
+
+
+def _header(headers: Mapping[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return None if value is None else value.decode("latin-1")
+
+
+def requested_policy(request: Request, headers: Mapping[bytes, bytes] | None = None) -> str | None:
+    headers = first_values(request) if headers is None else headers
+    for header in _POLICY_HEADERS:
+        value = headers.get(header)
         if value:
-            return value
+            return value.decode("latin-1")
     return None
 
 
@@ -130,13 +158,15 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     raw, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
     arrived = time.perf_counter()
     validate(kind, body)
-    profile = gateway.router.policy(requested_policy(request))
-    session = request.headers.get(gateway.settings.session_header)
+    headers = first_values(request)
+    profile = gateway.router.policy(requested_policy(request, headers))
+    session = _header(headers, settings.session_header.encode("latin-1"))
     routed = await gateway.router.route(
-        kind, body, profile, session=session, slo_ttft_s=slo_ttft(request), body_bytes=len(raw)
-    )
-    pin_turn = session_pin_hook(gateway, request.headers.get(PIN_HEADER),
-                                request.headers.get(PIN_TOKEN_HEADER), kind, body, routed,
+        kind, body, profile, session=session, slo_ttft_s=slo_ttft(request, headers),
+        body_bytes=len(raw),
+    )  # fmt: skip
+    pin_turn = session_pin_hook(gateway, _header(headers, _PIN_HEADER),
+                                _header(headers, _PIN_TOKEN_HEADER), kind, body, routed,
                                 session)  # fmt: skip
     proxy_request = ProxyRequest(  # the client's own bytes go upstream, unchanged
         path=path,
@@ -183,7 +213,7 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         return await gateway.upstream.forward(  # type: ignore[return-value]  # ASGI response
             proxy_request,
             routed.decision.ranking,
-            ClientWatch(request.receive),
+            ClientWatch.of(request.scope, request.receive),
             on_attempt=on_attempt,
             on_served=on_served,
             on_first_byte=on_first_byte,
@@ -195,9 +225,9 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         raise
 
 
-def slo_ttft(request: Request) -> float | None:
+def slo_ttft(request: Request, headers: Mapping[bytes, bytes] | None = None) -> float | None:
     """The client's TTFT objective in seconds (`x-slo-ttft-ms`), or None."""
-    raw = request.headers.get(SLO_TTFT_HEADER)
+    raw = _header(first_values(request) if headers is None else headers, _SLO_TTFT_HEADER)
     if raw is None:
         return None
     try:
@@ -223,12 +253,22 @@ def _decision_headers(routed: Routed, state: PodState) -> dict[str, str]:
     return headers
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _generate(request, "chat", "/v1/chat/completions")
+class Generation:
+    """The ASGI endpoint of a generation route. Not a `request -> response` function, so
+    starlette adds no per-request wrapper of its own: errors raised here reach the app's
+    exception middleware, whose handlers answer them the same way."""
+
+    def __init__(self, kind: Kind, path: str) -> None:
+        self.kind: Kind = kind
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await _generate(Request(scope, receive), self.kind, self.path)
+        await response(scope, receive, send)
 
 
-async def completions(request: Request) -> Response:
-    return await _generate(request, "completion", "/v1/completions")
+chat_completions = Generation("chat", "/v1/chat/completions")
+completions = Generation("completion", "/v1/completions")
 
 
 async def health(request: Request) -> Response:

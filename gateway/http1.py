@@ -173,9 +173,6 @@ class Exchange:
     # -- httptools callbacks (inside feed) ------------------------------------------------
     def on_message_begin(self) -> None:
         self._answered = True
-        # Once the status line starts, the header section has a deadline of its own (the
-        # read timeout, which may be long for a non-streamed answer, is per wait).
-        self._header_timer = self._loop.call_later(self._header_deadline_s, self._headers_too_slow)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
@@ -225,6 +222,15 @@ class Exchange:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ResponseBroken(f"invalid HTTP response: {exc}"))
+            return
+        if self._answered and self._header_timer is None and not self._headers_done.done():
+            # The status line came but not all the headers: the header section has a
+            # deadline of its own (the read timeout, which may be long for a non-streamed
+            # answer, is per wait). Headers that arrive whole, as engines send them, need
+            # no timer.
+            self._header_timer = self._loop.call_later(
+                self._header_deadline_s, self._headers_too_slow
+            )
 
     def lost(self) -> None:
         if self.complete:
@@ -268,14 +274,17 @@ class Exchange:
 
     # -- the caller's side --------------------------------------------------------------
     async def response(self) -> None:
-        """Wait for the status line and headers."""
+        """Wait for the status line and headers (a timer, not `asyncio.timeout`: the
+        timeout fails the exchange, which wakes this wait with ResponseTimeout)."""
+        timer = self._loop.call_later(self._read_timeout_s, self._on_response_timeout)
         try:
-            async with asyncio.timeout(self._read_timeout_s):  # not wait_for: see replay.py
-                await self._headers_done
-        except TimeoutError:
-            error = ResponseTimeout(f"no answer within {self._read_timeout_s} s")
-            self._fail(error)
-            raise error from None
+            await self._headers_done
+        finally:
+            timer.cancel()
+
+    def _on_response_timeout(self) -> None:
+        if not self._headers_done.done():
+            self._fail(ResponseTimeout(f"no answer within {self._read_timeout_s} s"))
 
     def take_body(self) -> bytes:
         """Everything buffered so far (the whole body once `complete`)."""
@@ -371,8 +380,8 @@ class Http1Pool:
         head = b"POST %s HTTP/1.1\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
             path or b"/", content_type, len(body))  # fmt: skip
         exchange = await self.send(url, head, body, origin=origin)
-        try:
-            answer = await exchange.read()
+        try:  # a small answer arrives whole with its headers
+            answer = exchange.take_body() if exchange.complete else await exchange.read()
         finally:
             exchange.release()
         return exchange.status, answer

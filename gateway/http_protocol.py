@@ -7,14 +7,46 @@ limit. This subclass answers 431 when a request's URL + headers exceed `max_head
 and closes a connection that has not completed a request's headers within
 `header_timeout_s` (from its opening, or from the start of each request on a kept-alive
 connection). The request body's own deadline is the app's (`KVGATE_BODY_TIMEOUT`).
+
+It also tells the app when the client's connection closes, through the scope extension
+`CLIENT_GONE` (a `ConnectionWatch`): the proxy hears of a client leaving from the protocol
+itself instead of keeping a task per request blocked in `receive()` for the disconnect.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+CLIENT_GONE = "kvgate.client_gone"
+"""The scope extension holding the request's `ConnectionWatch`."""
+
+
+class ConnectionWatch:
+    """One client connection: `closed` once it is lost, and who wants to hear of it."""
+
+    __slots__ = ("_callbacks", "closed")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """`callback` is called once when the connection is lost (not if it already is)."""
+        self._callbacks.append(callback)
+
+    def unsubscribe(self, callback: Callable[[], None]) -> None:
+        if callback in self._callbacks:
+            self._callbacks.remove(callback)
+
+    def lost(self) -> None:
+        self.closed = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
 
 class HeaderTooLarge(Exception):
@@ -40,6 +72,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         self._header_overflow = False
         self._header_timer: asyncio.TimerHandle | None = None
+        self._headers_pending = False
+        self._watch = ConnectionWatch()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -48,21 +82,36 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+        self._watch.lost()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]
+        scope["extensions"] = {**scope.get("extensions", {}), CLIENT_GONE: self._watch}
         self._header_bytes = 0
-        self._start_header_timer()
+        # The request's headers are due header_timeout_s from now: timed only if they do
+        # not all arrive in this read (`data_received`), as clients send them.
+        self._cancel_header_timer()
+        self._headers_pending = True
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        pending = self._headers_pending and self._header_timer is None
+        if pending and not self.transport.is_closing():
+            self._start_header_timer()
 
     def on_url(self, url: bytes) -> None:
         self._count(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)  # ": " and CRLF, as on the wire
+        self._header_bytes += len(name) + len(value) + 4  # ": " and CRLF, as on the wire
+        if self._header_bytes > self.max_header_bytes:
+            self._count(0)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._headers_pending = False
         self._cancel_header_timer()
         super().on_headers_complete()
 

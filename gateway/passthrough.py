@@ -156,7 +156,7 @@ async def _forward(
     if routed is None:
         assert isinstance(target, list)
         response = await gateway.upstream.forward(
-            proxy_request, target, ClientWatch(request.receive)
+            proxy_request, target, ClientWatch.of(request.scope, request.receive)
         )
         return response  # type: ignore[return-value]  # an ASGI response
     router = gateway.router
@@ -170,7 +170,7 @@ async def _forward(
         response = await gateway.upstream.forward(
             proxy_request,
             routed.decision.ranking,
-            ClientWatch(request.receive),
+            ClientWatch.of(request.scope, request.receive),
             on_attempt=on_attempt,
             on_served=lambda state, _status: router.record_served(routed, state),
             on_first_byte=lambda state: router.first_byte(routed, state),

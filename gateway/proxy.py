@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.http1 import Aborted, Exchange, Headers, Http1Error, Http1Pool, ResponseTimeout
+from gateway.http_protocol import CLIENT_GONE, ConnectionWatch
 from gateway.logs import POD
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodState
@@ -86,16 +87,34 @@ class ProxyRequest:
 
 class ClientWatch:
     """Notices the client going away while its request is forwarded, and aborts the
-    upstream exchange in progress. The request body must have been read already."""
+    upstream exchange in progress. The request body must have been read already.
 
-    def __init__(self, receive: Receive) -> None:
+    From the server's `ConnectionWatch` when it offers one (`CLIENT_GONE`, kvgate's own
+    protocol); otherwise a task waits in `receive()` for the disconnect."""
+
+    def __init__(self, receive: Receive, connection: ConnectionWatch | None = None) -> None:
         self.gone = False
         self._exchange: Exchange | None = None
-        self._task: asyncio.Task[None] | None = asyncio.ensure_future(self._watch(receive))
+        self._connection = connection
+        self._task: asyncio.Task[None] | None = None
+        if connection is None:
+            self._task = asyncio.ensure_future(self._watch(receive))
+        elif connection.closed:
+            self.gone = True
+        else:
+            connection.subscribe(self._on_gone)
+
+    @classmethod
+    def of(cls, scope: Scope, receive: Receive) -> ClientWatch:
+        connection = scope.get("extensions", {}).get(CLIENT_GONE)
+        return cls(receive, connection if isinstance(connection, ConnectionWatch) else None)
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._on_gone()
+
+    def _on_gone(self) -> None:
         self.gone = True
         if self._exchange is not None:
             self._exchange.abort("the client disconnected")
@@ -110,6 +129,9 @@ class ClientWatch:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        if self._connection is not None:
+            self._connection.unsubscribe(self._on_gone)
+            self._connection = None
 
 
 class Upstream:

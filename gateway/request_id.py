@@ -16,9 +16,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +31,15 @@ _VALID_ID = re.compile(rb"[A-Za-z0-9._~:/+=@-]{1,128}")
 _PROBES = frozenset(("/health", "/ready", "/metrics"))
 
 access_logger = logging.getLogger("kvgate.access")
+
+# uuid4's bits: version 4 (bits 76-79) and the RFC 4122 variant (bits 62-63).
+_UUID4_CLEAR = ~((0xF << 76) | (0xC << 60))
+_UUID4_SET = (0x4 << 76) | (0x8 << 60)
+
+
+def new_request_id() -> str:
+    """`uuid.uuid4().hex`, without building a UUID object (a third of the time)."""
+    return "%032x" % (int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET)
 
 
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -60,7 +69,7 @@ class RequestIds:
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = list(scope["headers"])
-        request_id = request_id_of(headers) or uuid.uuid4().hex
+        request_id = request_id_of(headers) or new_request_id()
         encoded = request_id.encode("ascii")
         headers = [(n, v) for n, v in headers if n != REQUEST_ID_HEADER]
         headers.append((REQUEST_ID_HEADER, encoded))

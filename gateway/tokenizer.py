@@ -176,6 +176,8 @@ class RemoteTokenizer:
         raise TokenizerError(last_error)
 
     async def _call(self, url: str, body: Mapping[str, Any]) -> list[int]:
+        # Not the cache key (its keys are sorted): a chat template renders tools' schemas
+        # in the order the client wrote them, as the engine will.
         payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -191,7 +193,7 @@ class RemoteTokenizer:
             tokens = json.loads(answer)["tokens"]
         except (ValueError, KeyError, TypeError):
             raise TokenizerError(f"{url}/tokenize answered without token ids") from None
-        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        if not isinstance(tokens, list) or not set(map(type, tokens)) <= _INT_ONLY:
             raise TokenizerError(f"{url}/tokenize answered malformed token ids")
         return tokens
 

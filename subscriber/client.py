@@ -39,9 +39,11 @@ from zmq.utils.monitor import parse_monitor_message
 
 from subscriber.events import AllBlocksCleared, DecodeError, KVEventBatch, decode_batch
 from subscriber.frames import ReplayEntry, decode_pub_message
+from subscriber.live_queue import LiveQueue
 from subscriber.rejects import RejectCounter
 from subscriber.replay import ReplayUnavailableError, fetch_replay
 from subscriber.sink import BatchSink
+from subscriber.socket_reader import SocketReader
 from subscriber.status import (
     Phase,
     PodEndpoint,
@@ -108,9 +110,7 @@ class PodSubscriber:
         """Our last applied seq when a reset found the replay socket unreachable."""
         self._counters = SubscriberCounters()
         self._last_message_at: float | None = None
-        self._queue: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue(
-            maxsize=self._settings.live_queue
-        )
+        self._queue = LiveQueue(self._settings.live_queue)
         # A restored index that was whole: whole again once the engine's replay confirmed
         # its history (not before: until then it may lack the batches since the snapshot).
         self._restored_whole = False
@@ -182,6 +182,7 @@ class PodSubscriber:
             asyncio.create_task(self._read_live(sub), name=f"kv-live-{name}"),
             asyncio.create_task(self._watch_connection(sub, monitor), name=f"kv-mon-{name}"),
         ]
+        tasks[0].add_done_callback(lambda _reader: self._queue.wake())
         try:
             if self._last_seq is None:
                 await self._replay_from_start()
@@ -228,42 +229,37 @@ class PodSubscriber:
     async def _read_live(self, sub: zmq.asyncio.Socket) -> None:
         queue = self._queue
         received = 0
-        while True:
-            frames = await sub.recv_multipart()
-            received += 1
-            if received % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # messages already waiting do not suspend the await
-            self._last_message_at = self._clock()
-            try:
-                _topic, seq, payload = decode_pub_message(frames)
-            except DecodeError as exc:
-                self._reject(exc)
-                continue
-            if queue.full():
-                self._counters.live_dropped += 1  # the seq gap brings it back by replay
-                continue
-            queue.put_nowait((seq, payload))
+        reader = SocketReader(sub)
+        try:
+            while True:
+                frames = await reader.recv_multipart()
+                received += 1
+                if received % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # messages already waiting do not suspend the await
+                self._last_message_at = self._clock()
+                try:
+                    _topic, seq, payload = decode_pub_message(frames)
+                except DecodeError as exc:
+                    self._reject(exc)
+                    continue
+                if not queue.put((seq, payload)):
+                    self._counters.live_dropped += 1  # the seq gap brings it back by replay
+        finally:
+            reader.close()
 
     async def _next_live(self, reader: asyncio.Task[None]) -> tuple[int, bytes] | None:
         """The next live batch; None after `idle_probe_s` without one."""
-        if not self._queue.empty():
-            return self._queue.get_nowait()
-        getter = asyncio.ensure_future(self._queue.get())
-        try:
-            await asyncio.wait(
-                {getter, reader},
-                timeout=self._settings.idle_probe_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            return getter.result()
-        if reader.done():
-            reader.result()  # re-raises why the reader stopped
-            raise zmq.ZMQError(msg="live reader stopped")
-        return None
+        if not len(self._queue) and reader.done():
+            self._reader_stopped(reader)
+        item = await self._queue.take(self._settings.idle_probe_s)
+        if item is None and reader.done():
+            self._reader_stopped(reader)
+        return item
+
+    @staticmethod
+    def _reader_stopped(reader: asyncio.Task[None]) -> None:
+        reader.result()  # re-raises why the reader stopped
+        raise zmq.ZMQError(msg="live reader stopped")
 
     async def _probe_idle(self) -> None:
         """Silence: make sure it is not silence after a lost batch (or a restarted engine)."""

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import tomllib
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from gateway.logs import JsonFormatter, TextFormatter
+from gateway.request_id import new_request_id
 from gateway.version import VERSION, version
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
@@ -379,3 +381,12 @@ async def test_token_counters_take_the_engines_usage_or_count_the_stream(
     assert tokens("completion", "engine") == 2 * usage["completion_tokens"]
     # The gateway tokenized the prompt itself, so it knows the third one's length too.
     assert tokens("prompt", "gateway") == usage["prompt_tokens"]
+
+
+def test_made_request_ids_are_uuid4_hex() -> None:
+    ids = {new_request_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for made in ids:
+        parsed = uuid.UUID(hex=made)
+        assert parsed.hex == made and parsed.version == 4
+        assert parsed.variant == uuid.RFC_4122
