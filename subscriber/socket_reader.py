@@ -20,6 +20,10 @@ from typing import Any, cast
 
 import zmq
 
+_MAX_PARTS = 16
+"""Parts of one message kept (vLLM sends 3; beyond, the rest is read and dropped, and the
+message, one part too long, is refused by the frame check)."""
+
 
 class SocketReader:
     """Multipart messages from `socket`, awaited; `close()` before the socket closes."""
@@ -51,7 +55,9 @@ class SocketReader:
         # nothing raises zmq.Again, whose construction costs more than a receive.)
         parts = [socket.recv(zmq.NOBLOCK)]
         while socket.get(zmq.RCVMORE):
-            parts.append(socket.recv(zmq.NOBLOCK))
+            part = socket.recv(zmq.NOBLOCK)
+            if len(parts) <= _MAX_PARTS:  # a publisher's part count is not ours to hold
+                parts.append(part)
         return parts
 
     def _readable(self) -> bool:

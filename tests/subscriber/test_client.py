@@ -260,6 +260,7 @@ async def test_garbage_frames_are_counted_and_leave_the_index_alone(
         [topic, (last + 1).to_bytes(8, "big"), b"not msgpack at all"],  # the next seq, junk
         encode_pub_message(server.engine.config.topic, 10**9, b"\x93\xcb"),  # truncated batch
         [topic, (last + 1).to_bytes(8, "big"), b"\x93\xa3abc\x90\xc0"],  # ts is a string
+        [topic, *[b"part"] * 5000],  # parts without end: read, dropped, refused
     ]
     try:
         await eventually(lambda: fleet.status(server).connected, what="connected")
