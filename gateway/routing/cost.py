@@ -374,7 +374,7 @@ class CostModel:
             or ranking.scraped != scraped
             or ranking.pods != pods
         ):
-            ranking = self._ranking(key, list(pods), scraped)
+            ranking = self._ranking(key, list(pods), scraped, now)
         elif ranking.position < len(self._changes):
             index, estimate, update = ranking.index, self._estimate, ranking.update
             for work in {id(w): w for w in self._changes[ranking.position :]}.values():
@@ -390,15 +390,19 @@ class CostModel:
         )  # fmt: skip
 
     def _ranking(
-        self, key: tuple[str, ...], pods: list[ScrapedPod], scraped: list[float | None]
+        self,
+        key: tuple[str, ...],
+        pods: list[ScrapedPod],
+        scraped: list[float | None],
+        now: float,
     ) -> _Ranking:
         if len(self._rankings) >= _MAX_RANKINGS:  # candidate lists are few; stay bounded
             self._rankings.clear()
-        estimate, work_for = self._estimate, self._work
-        estimates = [
-            estimate(work_for(name), pod.scraped_at, pod.running, pod.waiting)
+        candidates = [
+            (name, pod.scraped_at, pod.running, pod.waiting)
             for name, pod in zip(key, pods, strict=True)
         ]
+        estimates = self._estimates(candidates, now)
         ranking = self._rankings[key] = _Ranking(
             pods, scraped, estimates, self._epoch, self._theta_version, len(self._changes)
         )
@@ -428,13 +432,12 @@ class CostModel:
         depend on the request is kept per pod until the pod's work, its scrape or the
         decisions' θ changes, so a decision mostly costs a multiply-add per pod."""
         self._theta_for(now)
+        self._expire_due(now)
         version = self._theta_version
         works, work_for, estimate = self._pods, self._work, self._estimate
         estimates: list[_Estimate] = []
         for name, scraped_at, running, waiting in pods:
             work = works.get(name) or work_for(name)
-            if work.unobserved and work.unobserved[0][0] <= now:
-                self._expire(work, now)
             e = work.estimate
             if (
                 e is None
