@@ -193,7 +193,7 @@ class RemoteTokenizer:
             tokens = json.loads(answer)["tokens"]
         except (ValueError, KeyError, TypeError):
             raise TokenizerError(f"{url}/tokenize answered without token ids") from None
-        if not isinstance(tokens, list) or not set(map(type, tokens)) <= _INT_ONLY:
+        if not isinstance(tokens, list) or not is_token_ids(tokens):
             raise TokenizerError(f"{url}/tokenize answered malformed token ids")
         return tokens
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -294,6 +295,32 @@ async def test_a_silent_server_times_out(client: Http1Pool, sent: Recorder) -> N
     finally:
         for writer in accepted:
             writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+@pytest.mark.parametrize("tokens", [[1, 2**32], [1, -1], [1, True], "12"])
+async def test_an_engine_answering_unusable_token_ids_is_a_tokenizer_error(
+    client: Http1Pool, tokens: Any
+) -> None:
+    """Ids the gateway could not hash are the engine's fault (routing degrades), not the
+    client's (a 400 about its prompt)."""
+    body = json.dumps({"tokens": tokens}).encode()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tokenizer = make(client, max_retries=0)
+        with pytest.raises(TokenizerError, match="malformed token ids"):
+            await tokenizer.tokenize(completion_input(PROMPT), vllm(f"http://127.0.0.1:{port}"))
+    finally:
         server.close()
         await server.wait_closed()
 
