@@ -1,7 +1,8 @@
 """Continuous-batching scheduler: a bounded running batch, a FIFO waiting queue, engine steps.
 
 Each step admits waiting requests (first come, first served, while the batch has room, the
-step's prefill token budget allows and the cache can reserve their blocks), then lasts the
+step's token budget allows — one token per running request, then each prompt's uncached
+tokens, as vLLM counts them — and the cache can reserve their blocks), then lasts the
 model time of their prefill plus one decode step for the requests already running, scaled
 to wall time. At the end of the step admitted requests emit their first token and store
 their prompt blocks, running requests emit one token each (storing blocks they fill), and
@@ -159,15 +160,18 @@ class Scheduler:
 
     def _admit(self) -> list[SimRequest]:
         admitted: list[SimRequest] = []
-        budget = self.max_batched_tokens
+        # vLLM's token budget: each running request's decode token first, then the tokens
+        # each admitted prompt must compute (its uncached part: prefix-cache hits are free).
+        budget = self.max_batched_tokens - len(self.running)
         while self.waiting and len(self.running) < self.max_batch:
             request = self.waiting[0]
             if request.aborted:
                 self.waiting.popleft()
                 continue
-            if admitted and len(request.prompt) > budget:
+            prompt = len(request.prompt)
+            if admitted and prompt > budget and self._uncached_tokens(request) > budget:
                 break
-            total = len(request.prompt) + request.max_tokens
+            total = prompt + request.max_tokens
             alloc = self.cache.acquire(request.prompt, total)
             if alloc is None and not self.running and not admitted and self.cache.pinned_blocks:
                 dropped = self.cache.unpin_all()
@@ -184,12 +188,17 @@ class Scheduler:
             self.waiting.popleft()
             request.alloc = alloc
             request.cached_tokens = alloc.matched_blocks * self.cache.block_size
-            self.stats.prompt_tokens += len(request.prompt)
+            self.stats.prompt_tokens += prompt
             self.stats.cached_tokens += request.cached_tokens
-            budget -= len(request.prompt)
+            budget -= prompt - request.cached_tokens
             self.running.append(request)
             admitted.append(request)
         return admitted
+
+    def _uncached_tokens(self, request: SimRequest) -> int:
+        """The tokens `request`'s prefill would compute now: its prompt less the prefix
+        the cache holds."""
+        return len(request.prompt) - len(self.cache.match(request.prompt)) * self.cache.block_size
 
     def _emit_token(self, request: SimRequest) -> None:
         if request.finished or request.aborted:

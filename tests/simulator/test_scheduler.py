@@ -22,7 +22,9 @@ class VirtualTime:
         self.now += seconds
 
 
-def make_scheduler(max_batch: int = 8, gpu_blocks: int = 512) -> tuple[Scheduler, VirtualTime]:
+def make_scheduler(
+    max_batch: int = 8, gpu_blocks: int = 512, max_batched_tokens: int = 8192
+) -> tuple[Scheduler, VirtualTime]:
     time = VirtualTime()
     cache = PagedPrefixCache(BlockHasher(16), RecordingSink(), gpu_blocks=gpu_blocks)
 
@@ -33,7 +35,7 @@ def make_scheduler(max_batch: int = 8, gpu_blocks: int = 512) -> tuple[Scheduler
         cache,
         LatencyModel(),
         max_batch=max_batch,
-        max_batched_tokens=8192,
+        max_batched_tokens=max_batched_tokens,
         on_step_end=nothing,
         clock=time.clock,
         sleep=time.sleep,
@@ -69,6 +71,29 @@ async def test_cached_prefix_makes_ttft_smaller() -> None:
     assert warm.cached_tokens == 2896  # 181 full blocks of 16
     assert ttft(warm) < ttft(cold) / 3
     assert scheduler.prefill_cost(warm, warm.alloc) < scheduler.prefill_cost(cold, cold.alloc)  # type: ignore[arg-type]
+
+
+async def test_the_step_budget_counts_uncached_tokens_as_vllm_does() -> None:
+    """vLLM's token budget counts what a step computes: a running request's decode token,
+    a prompt's uncached tokens. A long prompt that is mostly cached joins a step whose
+    budget its whole length would exceed; one that is not waits for the next step."""
+    scheduler, _ = make_scheduler(max_batched_tokens=1024)
+    history = list(range(1000, 4000))
+    scheduler.submit(request("earlier turn", history, max_tokens=1))
+    await drain(scheduler)
+    fresh = request("fresh", list(range(20_000, 20_600)))
+    later = request("later turn", [*history, *range(9000, 9100)])
+    uncached = request("uncached", list(range(30_000, 33_100)))
+    for req in (fresh, later, uncached):
+        scheduler.submit(req)
+    steps_before = scheduler.stats.steps
+    await scheduler.step()
+    # 600 + (3100 - 2992 cached) tokens fit 1024; the uncached 3100 do not
+    assert [r.request_id for r in scheduler.running] == ["fresh", "later turn"]
+    assert later.cached_tokens == 2992
+    assert uncached.alloc is None and list(scheduler.waiting) == [uncached]
+    await drain(scheduler)
+    assert uncached.first_token_at is not None and scheduler.stats.steps > steps_before + 1
 
 
 async def test_longer_uncached_prompts_take_longer() -> None:
