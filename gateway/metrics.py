@@ -17,7 +17,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     GCCollector,
-    Histogram,
     Info,
     PlatformCollector,
     ProcessCollector,
@@ -25,6 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.histograms import HistogramSeries, LabelledHistogram
 from gateway.registry import PodRegistry
 from gateway.routing.cost import FEATURES, CostModel
 from gateway.version import version
@@ -43,7 +43,7 @@ _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
+_Metric = TypeVar("_Metric", Counter, Gauge)
 _MAX_CHILDREN = 10_000
 
 
@@ -119,31 +119,27 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
-        self.decision_seconds = Histogram(
+        self.decision_seconds = LabelledHistogram(
             "kvgate_decision_seconds",
             "Routing decision latency by stage (tokenize, match, decide, total)",
             ["stage"],
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
-        self.plugin_seconds = Children(
-            Histogram(
-                "kvgate_routing_plugin_seconds",
-                "Time each routing plugin (filter, scorer, picker, preference) took per decision",
-                ["plugin"],
-                buckets=_PLUGIN_BUCKETS,
-                registry=registry,
-            )
+        self.plugin_seconds = LabelledHistogram(
+            "kvgate_routing_plugin_seconds",
+            "Time each routing plugin (filter, scorer, picker, preference) took per decision",
+            ["plugin"],
+            buckets=_PLUGIN_BUCKETS,
+            registry=registry,
         )
-        self._plugin_children: dict[str, Histogram] = {}
-        self.prediction_error = Children(
-            Histogram(
-                "kvgate_ttft_prediction_error_seconds",
-                "Observed minus predicted time to first byte of streamed answers, by pod",
-                ["pod"],
-                buckets=_ERROR_BUCKETS,
-                registry=registry,
-            )
+        self._plugin_children: dict[str, HistogramSeries] = {}
+        self.prediction_error = LabelledHistogram(
+            "kvgate_ttft_prediction_error_seconds",
+            "Observed minus predicted time to first byte of streamed answers, by pod",
+            ["pod"],
+            buckets=_ERROR_BUCKETS,
+            registry=registry,
         )
         self.slo = Children(
             Counter(
@@ -203,34 +199,28 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
-        self.ttft = Children(
-            Histogram(
-                "kvgate_upstream_first_byte_seconds",
-                "Time from dispatch to the engine's first response byte, by pod",
-                ["pod"],
-                buckets=_TTFT_BUCKETS,
-                registry=registry,
-            )
+        self.ttft = LabelledHistogram(
+            "kvgate_upstream_first_byte_seconds",
+            "Time from dispatch to the engine's first response byte, by pod",
+            ["pod"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
         )
-        self.model_ttft = Children(
-            Histogram(
-                "kvgate_time_to_first_byte_seconds",
-                "Chat and completion requests: from the complete request to the first body byte "
-                "of the answer (the engine's first token when streamed), by model",
-                ["model"],
-                buckets=_TTFT_BUCKETS,
-                registry=registry,
-            )
+        self.model_ttft = LabelledHistogram(
+            "kvgate_time_to_first_byte_seconds",
+            "Chat and completion requests: from the complete request to the first body byte "
+            "of the answer (the engine's first token when streamed), by model",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
         )
-        self.model_duration = Children(
-            Histogram(
-                "kvgate_request_duration_seconds",
-                "Chat and completion requests: from the complete request to the answer's last "
-                "byte (or its failure), by model",
-                ["model"],
-                buckets=_DURATION_BUCKETS,
-                registry=registry,
-            )
+        self.model_duration = LabelledHistogram(
+            "kvgate_request_duration_seconds",
+            "Chat and completion requests: from the complete request to the answer's last "
+            "byte (or its failure), by model",
+            ["model"],
+            buckets=_DURATION_BUCKETS,
+            registry=registry,
         )
         self.prompt_tokens = Children(
             Counter(

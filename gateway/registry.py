@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gateway.discovery import Pod
-from indexer import SyncPrefixHashTable
+from indexer import ModelContext, SyncPrefixHashTable
 from subscriber import PodEndpoint, PodSubscriberStatus, SubscriberManager
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,20 @@ class PodState:
         return self.pod.name
 
 
+class _Serving:
+    """One model's serving pods as the request path asks for them (cached per model)."""
+
+    __slots__ = ("context", "names", "pods")
+
+    def __init__(self, pods: list[PodState], model: str) -> None:
+        self.pods = pods
+        self.names = tuple(s.pod.name for s in pods)
+        self.context: ModelContext | None = None
+        if pods:
+            base = any(s.pod.model == model for s in pods)
+            self.context = ModelContext(model) if base else ModelContext(pods[0].pod.model, model)
+
+
 class PodRegistry:
     """Listens to discovery; keeps the index and the KV event subscribers in step with it.
 
@@ -59,8 +73,9 @@ class PodRegistry:
         """A tokenizer endpoint that applies chat templates is configured."""
         self._subscribers = subscribers
         self._pods: dict[str, PodState] = {}
-        self._serving: dict[str, tuple[list[PodState], tuple[str, ...]]] = {}
-        """Per model: the pods serving it, and their names (what `match` is keyed by)."""
+        self._serving: dict[str, _Serving] = {}
+        """Per model: the pods serving it, their names (what `match` is keyed by) and the
+        index context of its prefixes."""
         self._unindexable: dict[str, str] = {}
         """Pods whose stored blocks all break their chains, with the reason shown."""
         """Per model, its pods (the request path asks for every request; reset on changes)."""
@@ -120,19 +135,27 @@ class PodRegistry:
     def serving(self, model: str) -> list[PodState]:
         """Pods that serve `model` (as base model or LoRA adapter), routable or not (a new
         list: callers may change it)."""
-        return list(self._cached_serving(model)[0])
+        return list(self._cached_serving(model).pods)
 
     def serving_names(self, model: str) -> tuple[str, ...]:
         """The names of `serving(model)`, in its order."""
-        return self._cached_serving(model)[1]
+        return self._cached_serving(model).names
 
-    def _cached_serving(self, model: str) -> tuple[list[PodState], tuple[str, ...]]:
+    def context(self, model: str) -> ModelContext:
+        """Where `model`'s prefixes live in the index: a LoRA adapter's apart from its base
+        model's (`model` must have a serving pod)."""
+        context = self._cached_serving(model).context
+        if context is None:
+            raise KeyError(model)
+        return context
+
+    def _cached_serving(self, model: str) -> _Serving:
         cached = self._serving.get(model)
         if cached is None:
             if len(self._serving) >= _MAX_CACHED_MODELS:  # any client may name any model
                 self._serving.clear()
             pods = [s for s in self._pods.values() if s.pod.serves(model)]
-            cached = self._serving[model] = (pods, tuple(s.pod.name for s in pods))
+            cached = self._serving[model] = _Serving(pods, model)
         return cached
 
     def models(self) -> list[str]:

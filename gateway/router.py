@@ -152,7 +152,7 @@ class Router:
     ) -> RoutingRequest:
         """What the decision looks at: the prompt's blocks and where each is cached."""
         model = body["model"]
-        context = _context(model, serving)
+        context = self._registry.context(model)
         names = self._registry.serving_names(model)  # `serving`'s: taken before any await
         hashes: list[int] = []
         tokens: list[int] | None = None
@@ -271,8 +271,9 @@ class Router:
         serving = self._registry.serving(body["model"])
         if not serving:
             return None
+        context = self._registry.context(body["model"])
         tokens = await self._tokenize(kind, body, serving)
-        return None if tokens is None else (_context(body["model"], serving), tokens)
+        return None if tokens is None else (context, tokens)
 
     def _check_prompt_length(self, kind: Kind, tokens: int) -> None:
         limit = self._max_prompt_tokens
@@ -343,14 +344,6 @@ def plugin_context(
         tier_weights=settings.tier_weights,
         slo_shed=settings.slo_shed,
     )
-
-
-def _context(model: str, serving: list[PodState]) -> ModelContext:
-    """A LoRA adapter's prefixes live apart from its base model's."""
-    base = next((s.pod.model for s in serving if s.pod.model == model), None)
-    if base is not None:
-        return ModelContext(model)
-    return ModelContext(serving[0].pod.model, model)
 
 
 def opens_conversation(body: Mapping[str, Any]) -> bool:

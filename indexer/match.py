@@ -72,9 +72,10 @@ class TierScan:
 _NO_TIERS = TierScan(None, ())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per decision, and a frozen __init__ costs 2.4×
 class MatchResult:
     """Per candidate pod, the number of consecutive prompt blocks it holds from the start.
+    Read-only once built.
 
     Tiers are resolved lazily (`TierScan`): only blocks that some pod holds off-GPU (or
     merely expects) are recorded, as (block index, tier masks) pairs; every other matched

@@ -33,8 +33,10 @@ class Weighted:
     weight: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per decision, and a frozen __init__ costs 2.4×
 class Decision:
+    """One profile's verdict (read-only once built)."""
+
     policy: str
     ranking: list[PodState]
     """Candidates that passed the filters, best first."""
