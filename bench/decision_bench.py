@@ -160,10 +160,10 @@ class _TimedRouter(Router):
     tokenize_s = 0.0
 
     async def _tokenize(
-        self, kind: Kind, body: Mapping[str, Any], serving: list[PodState]
+        self, kind: Kind, body: Mapping[str, Any], routable: Sequence[PodState]
     ) -> list[int] | None:
         started = _cpu_clock()
-        tokens = await super()._tokenize(kind, body, serving)
+        tokens = await super()._tokenize(kind, body, routable)
         self.tokenize_s = _cpu_clock() - started
         return tokens
 

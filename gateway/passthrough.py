@@ -28,7 +28,6 @@ from gateway.registry import PodState
 from gateway.router import Routed
 from gateway.routing import RoutingProfile, RoutingRequest
 from gateway.state import GatewayState, state_of
-from indexer import ModelContext
 
 PATHS = (
     "/v1/embeddings",
@@ -118,11 +117,11 @@ def _rank(
     serving = gateway.registry.serving(model)
     if not serving:
         raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
-    base = any(state.pod.model == model for state in serving)
-    context = ModelContext(model) if base else ModelContext(serving[0].pod.model, model)
-    request = RoutingRequest(model, context, 0, None, session,
+    routable, routable_names = gateway.registry.routable_serving(model)
+    request = RoutingRequest(model, gateway.registry.context(model), 0, None, session,
                              prompt_tokens=body_bytes // _BODY_BYTES_PER_TOKEN,
-                             streamed=streamed)  # fmt: skip
+                             streamed=streamed, routable=routable,
+                             routable_names=routable_names)  # fmt: skip
     decision = profile.decide(request, serving)
     if not decision.ranking:
         raise NoRoutablePod(f"no routable pod for model `{model}` right now")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from gateway.discovery import Pod
@@ -18,34 +18,64 @@ _UNINDEXABLE_AFTER_BLOCKS = 64
 _MAX_CACHED_MODELS = 1024
 
 
-@dataclass(slots=True)
 class PodState:
-    """A pod and what the gateway observes of it (mutated only on the event loop)."""
+    """A pod and what the gateway observes of it (mutated only on the event loop).
 
-    pod: Pod
-    inflight: int = 0
-    """Requests the gateway is proxying to it right now."""
-    running: float = 0.0
-    waiting: float = 0.0
-    kv_usage: float = 0.0
-    """From the engine's /metrics (0 until scraped)."""
-    healthy: bool = True
-    failed_scrapes: int = 0
-    scraped_at: float | None = None
+    A change of `healthy` is reported to `on_routable_change` (the registry's cache of each
+    model's routable pods); `pod` is replaced only through the registry."""
+
+    __slots__ = ("_healthy", "_on_routable_change", "failed_scrapes", "inflight",
+                 "kv_usage", "pod", "running", "scraped_at", "waiting")  # fmt: skip
+
+    def __init__(self, pod: Pod, on_routable_change: Callable[[], None] | None = None) -> None:
+        self.pod = pod
+        self.inflight = 0
+        """Requests the gateway is proxying to it right now."""
+        self.running = 0.0
+        self.waiting = 0.0
+        self.kv_usage = 0.0
+        """From the engine's /metrics (0 until scraped)."""
+        self._healthy = True
+        self.failed_scrapes = 0
+        self.scraped_at: float | None = None
+        self._on_routable_change = on_routable_change
 
     @property
     def name(self) -> str:
         return self.pod.name
 
+    @property
+    def healthy(self) -> bool:
+        """Whether its /metrics answers (per the metrics scraper)."""
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, healthy: bool) -> None:
+        if healthy != self._healthy:
+            self._healthy = healthy
+            if self._on_routable_change is not None:
+                self._on_routable_change()
+
+    @property
+    def routable(self) -> bool:
+        """Ready (per discovery) and healthy."""
+        return self.pod.ready and self._healthy
+
+    def __repr__(self) -> str:
+        return (f"PodState({self.pod.name!r}, healthy={self._healthy}, inflight={self.inflight}, "
+                f"running={self.running}, waiting={self.waiting})")  # fmt: skip
+
 
 class _Serving:
     """One model's serving pods as the request path asks for them (cached per model)."""
 
-    __slots__ = ("context", "names", "pods")
+    __slots__ = ("context", "names", "pods", "routable", "routable_names")
 
     def __init__(self, pods: list[PodState], model: str) -> None:
         self.pods = pods
         self.names = tuple(s.pod.name for s in pods)
+        self.routable = tuple(s for s in pods if s.routable)
+        self.routable_names = tuple(s.pod.name for s in self.routable)
         self.context: ModelContext | None = None
         if pods:
             base = any(s.pod.model == model for s in pods)
@@ -85,7 +115,7 @@ class PodRegistry:
     async def upsert_pod(self, pod: Pod) -> None:
         state = self._pods.get(pod.name)
         if state is None:
-            state = self._pods[pod.name] = PodState(pod)
+            state = self._pods[pod.name] = PodState(pod, self._serving.clear)
             logger.info("pod %s added (%s, model %s)", pod.name, pod.url, pod.model)
             if pod.engine == "sglang" and not self._chat_tokenizer:
                 logger.warning(
@@ -141,6 +171,12 @@ class PodRegistry:
         """The names of `serving(model)`, in its order."""
         return self._cached_serving(model).names
 
+    def routable_serving(self, model: str) -> tuple[tuple[PodState, ...], tuple[str, ...]]:
+        """The routable pods of `serving(model)` and their names, in its order (cached until
+        a pod comes, goes, changes readiness or health)."""
+        cached = self._cached_serving(model)
+        return cached.routable, cached.routable_names
+
     def context(self, model: str) -> ModelContext:
         """Where `model`'s prefixes live in the index: a LoRA adapter's apart from its base
         model's (`model` must have a serving pod)."""
@@ -167,7 +203,7 @@ class PodRegistry:
         return list(names)
 
     def routable(self) -> list[PodState]:
-        return [s for s in self._pods.values() if s.pod.ready and s.healthy]
+        return [s for s in self._pods.values() if s.routable]
 
     def subscriber_status(self, name: str) -> PodSubscriberStatus | None:
         return self._subscribers.status(name) if self._subscribers is not None else None

@@ -153,11 +153,13 @@ class Router:
         """What the decision looks at: the prompt's blocks and where each is cached."""
         model = body["model"]
         context = self._registry.context(model)
-        names = self._registry.serving_names(model)  # `serving`'s: taken before any await
+        # `serving`'s: taken before any await
+        names = self._registry.serving_names(model)
+        routable, routable_names = self._registry.routable_serving(model)
         hashes: list[int] = []
         tokens: list[int] | None = None
         if tokenize:
-            tokens = await self._tokenize(kind, body, serving)
+            tokens = await self._tokenize(kind, body, routable)
             if tokens is not None:
                 self._check_prompt_length(kind, len(tokens))
                 hashes = self._hashes(tokens)
@@ -178,6 +180,8 @@ class Router:
             slo_ttft_s=slo_ttft_s,
             streamed=bool(body.get("stream")),
             opens_conversation=kind == "chat" and opens_conversation(body),
+            routable=routable,
+            routable_names=routable_names,
         )
 
     def _decide(
@@ -272,7 +276,8 @@ class Router:
         if not serving:
             return None
         context = self._registry.context(body["model"])
-        tokens = await self._tokenize(kind, body, serving)
+        routable, _ = self._registry.routable_serving(body["model"])
+        tokens = await self._tokenize(kind, body, routable)
         return None if tokens is None else (context, tokens)
 
     def _check_prompt_length(self, kind: Kind, tokens: int) -> None:
@@ -290,7 +295,7 @@ class Router:
         self._metrics.matched_blocks.labels(model).inc(routed.matched_blocks(state.name))
 
     async def _tokenize(
-        self, kind: Kind, body: Mapping[str, Any], serving: list[PodState]
+        self, kind: Kind, body: Mapping[str, Any], routable: Sequence[PodState]
     ) -> list[int] | None:
         started = self._clock()
         try:
@@ -304,7 +309,7 @@ class Router:
             if self._tokenizer is None:
                 return None
             before = self._tokenizer.hits
-            pods = [(s.pod.url, s.pod.engine) for s in serving if s.pod.ready and s.healthy]
+            pods = [(s.pod.url, s.pod.engine) for s in routable]
             tokens = await self._tokenizer.tokenize(what, pods)
             hit = self._tokenizer.hits > before
             self._metrics.tokenizer.labels("hit" if hit else "miss").inc()

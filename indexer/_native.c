@@ -1679,10 +1679,11 @@ done:
     return result;
 }
 
-/* gateway.routing.cost.held_tokens: per name, lengths.get(name, 0) * scale. */
+/* gateway.routing.cost.held_tokens: per name, lengths.get(name, 0) * scale (names: a list
+ * or a tuple). */
 static PyObject *native_held_tokens(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyMapping_Check(args[0]) || !PyList_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "held_tokens(lengths: Mapping, names: list, scale)");
+    if (nargs != 3 || !PyMapping_Check(args[0]) || !(PyList_Check(args[1]) || PyTuple_Check(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "held_tokens(lengths: Mapping, names: list | tuple, scale)");
         return NULL;
     }
     double scale = PyFloat_AsDouble(args[2]);
@@ -1690,18 +1691,18 @@ static PyObject *native_held_tokens(PyObject *module, PyObject *const *args, Py_
         return NULL;
     }
     PyObject *lengths = args[0], *names = args[1];
-    Py_ssize_t count = PyList_GET_SIZE(names);
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(names);
     PyObject *held = PyList_New(count);
     if (held == NULL) {
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (i >= PyList_GET_SIZE(names)) { /* a mapping's __getitem__ shortened it */
+        if (i >= PySequence_Fast_GET_SIZE(names)) { /* a mapping's __getitem__ shortened it */
             Py_DECREF(held);
             PyErr_SetString(PyExc_RuntimeError, "held_tokens: names changed while read");
             return NULL;
         }
-        PyObject *name = PyList_GET_ITEM(names, i);
+        PyObject *name = PySequence_Fast_GET_ITEM(names, i);
         Py_INCREF(name);
         PyObject *length; /* a new reference, or NULL: no such name (or an error) */
         if (PyDict_CheckExact(lengths)) {

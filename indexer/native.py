@@ -69,7 +69,7 @@ AffineCosts = Callable[
 ]
 """(bases, units, step ends, cached tokens, prompt tokens, step term, now) -> per pod
 (TTFT, own prefill): `gateway.routing.kernels.affine_costs`."""
-HeldTokens = Callable[[Mapping[str, int], list[str], float], list[float]]
+HeldTokens = Callable[[Mapping[str, int], list[str] | tuple[str, ...], float], list[float]]
 """`gateway.routing.kernels.held_tokens`."""
 Argsort = Callable[[list[float]], list[int]]
 """`gateway.routing.kernels.argsort`."""

@@ -13,7 +13,9 @@ from gateway.routing.request import RoutingRequest
 class Filter(Protocol):
     name: str
 
-    def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[PodState]: ...
+    def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> Sequence[PodState]:
+        """The candidates kept (`pods` itself, or a list the filter does not keep)."""
+        ...
 
 
 class RoutableFilter:
@@ -21,8 +23,11 @@ class RoutableFilter:
 
     name = "routable"
 
-    def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[PodState]:
-        return [pod for pod in pods if pod.pod.ready and pod.healthy]
+    def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> Sequence[PodState]:
+        known = request.routable
+        if known is not None:  # the registry keeps it while no pod's readiness changes
+            return known
+        return [pod for pod in pods if pod.routable]
 
 
 class HotSpotFilter:

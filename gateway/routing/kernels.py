@@ -32,8 +32,11 @@ def affine_costs(
     return ttfts, prefills
 
 
-def held_tokens(lengths: Mapping[str, int], names: list[str], scale: float) -> list[float]:
-    """Per name: its matched blocks × `scale` (tokens per block), 0.0 when unmatched."""
+def held_tokens(
+    lengths: Mapping[str, int], names: list[str] | tuple[str, ...], scale: float
+) -> list[float]:
+    """Per name: its matched blocks × `scale` (tokens per block), 0.0 when unmatched (the
+    compiled twin takes a list or a tuple of names)."""
     return [lengths.get(name, 0) * scale for name in names]
 
 

@@ -13,7 +13,7 @@ from indexer import MatchResult, Tier
 
 
 def cached_tokens(
-    cost: CostModel, block_size: int, match: MatchResult | None, names: list[str]
+    cost: CostModel, block_size: int, match: MatchResult | None, names: list[str] | tuple[str, ...]
 ) -> list[float]:
     """The prompt tokens each of `names` need not prefill, from the match (GPU and expected
     blocks free, CPU and STORAGE blocks at their load cost)."""
@@ -138,7 +138,9 @@ class MinPredictedTtftPicker:
         if not pods:
             return []
         match = request.match
-        names = [pod.pod.name for pod in pods]
+        names = (
+            request.routable_names if pods is request.routable else [pod.pod.name for pod in pods]
+        )
         cached = cached_tokens(self._cost, self._block_size, match, names)
         ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens, names)
         slo = request.slo_ttft_s

@@ -81,7 +81,7 @@ class RoutingProfile:
     def decide(self, request: RoutingRequest, candidates: Sequence[PodState]) -> Decision:
         clock = time.perf_counter
         timer = self.timer
-        pods = list(candidates)
+        pods = candidates  # filters return new lists, or lists nobody changes
         for step in self.filters:
             started = clock()
             pods = step.filter(request, pods)

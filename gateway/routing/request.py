@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gateway.registry import PodState
 from gateway.routing.cost import Prediction
 from indexer import MatchResult, ModelContext
 
@@ -31,6 +32,11 @@ class RoutingRequest:
     opens_conversation: bool = False
     """A chat's first turn (no assistant or tool message yet): where it goes, its later
     turns follow, so its pod is a placement, not just this request's fastest answer."""
+    routable: Sequence[PodState] | None = None
+    """Of the decision's candidates, the routable ones (ready and healthy) and their
+    `routable_names`, when known without a scan (the registry's cached list for the model,
+    the candidates being its serving pods): filters and pickers must not change it."""
+    routable_names: tuple[str, ...] = ()
     state: CycleState = field(default_factory=lambda: CycleState())
     """Scratch space of this decision, shared by its plugins."""
 

@@ -37,6 +37,12 @@ def test_held_tokens_are_the_pure_ones(compiled: Kernels) -> None:
     names = ["c", "missing", "a", "b", "a"]
     assert compiled.held_tokens(lengths, names, 16.0) == kernels.held_tokens(lengths, names, 16.0)
     assert compiled.held_tokens(lengths, [], 16.0) == []
+    # the registry's cached names are a tuple
+    assert compiled.held_tokens(lengths, tuple(names), 16.0) == kernels.held_tokens(
+        lengths, tuple(names), 16.0
+    )
+    with pytest.raises(TypeError):
+        compiled.held_tokens(lengths, "abc", 16.0)
 
     class Lengths(dict[str, int]):  # any mapping, not only a plain dict
         pass

@@ -223,10 +223,13 @@ async def test_a_stopped_engine_turns_unhealthy_and_heals_when_back(
         assert state.failed_scrapes == failures
         assert state.healthy  # not yet: fewer than unhealthy_after failures
         assert reg.routable() == [state]
+    assert reg.routable_serving(MODEL) == ((state,), ("flaky",))  # cached for the model
     await metrics.scrape_all()
     assert state.failed_scrapes == 3
     assert not state.healthy
     assert reg.routable() == []
+    assert reg.routable_serving(MODEL) == ((), ())  # the health change dropped the cache
+    assert reg.serving(MODEL) == [state]
     await metrics.scrape_all()
     assert not state.healthy and state.failed_scrapes == 4
 
@@ -236,6 +239,9 @@ async def test_a_stopped_engine_turns_unhealthy_and_heals_when_back(
     assert state.healthy
     assert state.failed_scrapes == 0
     assert reg.routable() == [state]
+    assert reg.routable_serving(MODEL) == ((state,), ("flaky",))
+    await reg.upsert_pod(Pod(name="flaky", url=url, model=MODEL, ready=False))
+    assert reg.routable_serving(MODEL) == ((), ())  # not Ready (discovery): kept, not routed
     assert seen == [True, False, False, False, False, True]
 
 
