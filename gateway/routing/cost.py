@@ -176,7 +176,7 @@ class _Ranking:
 
     def __init__(
         self,
-        pods: list[ScrapedPod],
+        pods: tuple[ScrapedPod, ...],
         scraped: list[float | None],
         estimates: list[_Estimate],
         epoch: int,
@@ -372,9 +372,10 @@ class CostModel:
             or ranking.epoch != self._epoch
             or ranking.theta_version != self._theta_version
             or ranking.scraped != scraped
-            or ranking.pods != pods
+            or (ranking.pods is not pods and ranking.pods != tuple(pods))
         ):
-            ranking = self._ranking(key, list(pods), scraped, now)
+            # kept as a tuple: the registry's cached candidates are one, compared by identity
+            ranking = self._ranking(key, tuple(pods), scraped, now)
         elif ranking.position < len(self._changes):
             index, estimate, update = ranking.index, self._estimate, ranking.update
             for work in {id(w): w for w in self._changes[ranking.position :]}.values():
@@ -392,7 +393,7 @@ class CostModel:
     def _ranking(
         self,
         key: tuple[str, ...],
-        pods: list[ScrapedPod],
+        pods: tuple[ScrapedPod, ...],
         scraped: list[float | None],
         now: float,
     ) -> _Ranking:
