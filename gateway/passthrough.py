@@ -120,7 +120,7 @@ def _rank(
     routable, routable_names = gateway.registry.routable_serving(model)
     request = RoutingRequest(model, gateway.registry.context(model), 0, None, session,
                              prompt_tokens=body_bytes // _BODY_BYTES_PER_TOKEN,
-                             streamed=streamed, routable=routable,
+                             streamed=streamed, candidates=serving, routable=routable,
                              routable_names=routable_names)  # fmt: skip
     decision = profile.decide(request, serving)
     if not decision.ranking:

@@ -104,11 +104,11 @@ class PodRegistry:
         self._subscribers = subscribers
         self._pods: dict[str, PodState] = {}
         self._serving: dict[str, _Serving] = {}
-        """Per model: the pods serving it, their names (what `match` is keyed by) and the
-        index context of its prefixes."""
+        """Per model: the pods serving it, their names (what `match` is keyed by), the
+        index context of its prefixes and its routable pods (the request path asks for every
+        request; dropped whenever a pod comes, goes or changes readiness or health)."""
         self._unindexable: dict[str, str] = {}
         """Pods whose stored blocks all break their chains, with the reason shown."""
-        """Per model, its pods (the request path asks for every request; reset on changes)."""
 
     # -- PodListener ----------------------------------------------------------------------
 

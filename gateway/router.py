@@ -180,6 +180,7 @@ class Router:
             slo_ttft_s=slo_ttft_s,
             streamed=bool(body.get("stream")),
             opens_conversation=kind == "chat" and opens_conversation(body),
+            candidates=serving,
             routable=routable,
             routable_names=routable_names,
         )

@@ -14,7 +14,7 @@ class Filter(Protocol):
     name: str
 
     def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> Sequence[PodState]:
-        """The candidates kept (`pods` itself, or a list the filter does not keep)."""
+        """The candidates kept, in their order (read by the next plugins, never changed)."""
         ...
 
 
@@ -25,7 +25,7 @@ class RoutableFilter:
 
     def filter(self, request: RoutingRequest, pods: Sequence[PodState]) -> Sequence[PodState]:
         known = request.routable
-        if known is not None:  # the registry keeps it while no pod's readiness changes
+        if known is not None and pods is request.candidates:  # the registry's cached answer
             return known
         return [pod for pod in pods if pod.routable]
 

@@ -32,10 +32,11 @@ class RoutingRequest:
     opens_conversation: bool = False
     """A chat's first turn (no assistant or tool message yet): where it goes, its later
     turns follow, so its pod is a placement, not just this request's fastest answer."""
+    candidates: Sequence[PodState] | None = None
+    """The pods the router's decision starts from (the model's serving pods)."""
     routable: Sequence[PodState] | None = None
-    """Of the decision's candidates, the routable ones (ready and healthy) and their
-    `routable_names`, when known without a scan (the registry's cached list for the model,
-    the candidates being its serving pods): filters and pickers must not change it."""
+    """Of `candidates`, the routable ones (ready and healthy) and their `routable_names`,
+    when known without a scan (the registry's cached tuple): read, never changed."""
     routable_names: tuple[str, ...] = ()
     state: CycleState = field(default_factory=lambda: CycleState())
     """Scratch space of this decision, shared by its plugins."""

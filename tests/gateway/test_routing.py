@@ -189,6 +189,20 @@ def test_routable_filter_drops_unready_and_unhealthy_pods() -> None:
     assert [p.name for p in RoutableFilter().filter(bare_request(), pods)] == ["ok"]
 
 
+def test_the_routable_filter_takes_the_registrys_answer_only_for_the_router_candidates() -> None:
+    pods = [pod("ok"), pod("sick", healthy=False), pod("busy", inflight=30)]
+    cached = (pods[0], pods[2])  # what the registry computed for these candidates
+    request = RoutingRequest(MODEL, CONTEXT, 0, None, candidates=pods, routable=cached,
+                             routable_names=("ok", "busy"))  # fmt: skip
+    assert RoutableFilter().filter(request, pods) is cached
+    # after another filter (a profile may list them in any order): its choice, then scanned
+    profile = RoutingProfile(
+        "hot-first", filters=[HotSpotFilter(margin=4), RoutableFilter()], scorers=[],
+        picker=RoundRobinPicker(),
+    )  # fmt: skip
+    assert [p.name for p in profile.decide(request, pods).ranking] == ["ok"]
+
+
 def test_hot_spot_filter_keeps_pods_within_the_margin_of_the_least_loaded() -> None:
     pods = [pod("a", inflight=2), pod("b", inflight=5), pod("c", inflight=6)]
     pods += [pod("d", running=9.0), pod("e", inflight=2, waiting=20.0)]
