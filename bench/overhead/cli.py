@@ -119,6 +119,7 @@ class Plan:
             Case("c1", "round-robin", 1, one),
             Case("c1_relay", "round-robin", 1, one, via="relay"),
             Case("c32", "round-robin", 32, many),
+            Case("c32_relay", "round-robin", 32, many, via="relay"),
             Case("c1_tokenized", "prefix-cache", 1, one),
             Case("c1_tokenized_distinct", "prefix-cache", 1, one, distinct=True),
             Case("c32_tokenized", "prefix-cache", 32, many),

@@ -51,7 +51,12 @@ async def main():
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     print(server.sockets[0].getsockname()[1], flush=True)
     await server.serve_forever()
-asyncio.run(main())
+try:  # the event loop kvgate serves on (uvicorn's choice when installed)
+    import uvloop
+except ImportError:
+    asyncio.run(main())
+else:
+    uvloop.run(main())
 """
 
 
