@@ -8,8 +8,9 @@
  *   "stamps" (a block's last access) shares its keys. Iteration order, deletion and
  *   re-insertion behave as a dict's, so both paths of the index give identical answers.
  * - match_walk: the prefix match's walk over a U64Map of holder masks.
- * - affine_costs, held_tokens, argsort: the routing cost model's passes over a decision's
- *   candidates (not the index's, but as hot: they run per decision over every pod).
+ * - held_from_ends: the tokens each candidate holds, from a match's ends.
+ * - affine_costs, argsort: the routing cost model's passes over a decision's candidates
+ *   (not the index's, but as hot: they run per decision over every pod).
  *
  * Memory comes from PyMem_* so tracemalloc (the benchmarks' measure) sees all of it.
  */
@@ -1679,59 +1680,96 @@ done:
     return result;
 }
 
-/* gateway.routing.cost.held_tokens: per name, lengths.get(name, 0) * scale (names: a list
- * or a tuple). */
-static PyObject *native_held_tokens(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyMapping_Check(args[0]) || !(PyList_Check(args[1]) || PyTuple_Check(args[1]))) {
-        PyErr_SetString(PyExc_TypeError, "held_tokens(lengths: Mapping, names: list | tuple, scale)");
+/* held_from_ends(bits, ends, names, scale) -> list | None
+ *
+ * MatchedBlocks.held: per name, scale x the length of the first of a walk's ends
+ * (length, mask), ascending, whose mask has the name's bit in `bits` (0.0 for an unknown
+ * name or no such end), without building the candidates' table. None when a mask or a bit
+ * does not fit in 64 bits (or is not an int): the caller then reads the table. `ends` and
+ * `names` are read into a snapshot first; a looked-up bit is held while read. */
+static PyObject *native_held_from_ends(PyObject *module, PyObject *const *args,
+                                       Py_ssize_t nargs) {
+    if (nargs != 4 || !PyDict_Check(args[0]) || !PyList_Check(args[1]) ||
+        !(PyList_Check(args[2]) || PyTuple_Check(args[2]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "held_from_ends(bits: dict, ends: list, names: list | tuple, scale)");
         return NULL;
     }
-    double scale = PyFloat_AsDouble(args[2]);
+    double scale = PyFloat_AsDouble(args[3]);
     if (scale == -1.0 && PyErr_Occurred()) {
         return NULL;
     }
-    PyObject *lengths = args[0], *names = args[1];
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(names);
-    PyObject *held = PyList_New(count);
-    if (held == NULL) {
+    PyObject *bits = args[0];
+    PyObject *ends = PySequence_Tuple(args[1]);
+    if (ends == NULL) {
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        if (i >= PySequence_Fast_GET_SIZE(names)) { /* a mapping's __getitem__ shortened it */
-            Py_DECREF(held);
-            PyErr_SetString(PyExc_RuntimeError, "held_tokens: names changed while read");
-            return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(ends);
+    uint64_t *masks = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(uint64_t));
+    double *held = PyMem_Malloc((size_t)(count ? count : 1) * sizeof(double));
+    PyObject *names = NULL, *out = NULL, *zero = NULL, *result = Py_None;
+    if (masks == NULL || held == NULL) {
+        result = PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t e = 0; e < count; e++) {
+        PyObject *end = PyTuple_GET_ITEM(ends, e);
+        uint64_t length;
+        if (!PyTuple_Check(end) || PyTuple_GET_SIZE(end) != 2 ||
+            !as_u64(PyTuple_GET_ITEM(end, 0), &length) ||
+            !as_u64(PyTuple_GET_ITEM(end, 1), &masks[e])) {
+            goto done; /* None: the Python path */
         }
-        PyObject *name = PySequence_Fast_GET_ITEM(names, i);
-        Py_INCREF(name);
-        PyObject *length; /* a new reference, or NULL: no such name (or an error) */
-        if (PyDict_CheckExact(lengths)) {
-            length = PyDict_GetItemWithError(lengths, name);
-            Py_XINCREF(length);
-        } else {
-            length = PyObject_GetItem(lengths, name);
-            if (length == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
-                PyErr_Clear();
+        held[e] = (double)length * scale;
+    }
+    names = PySequence_Tuple(args[2]);
+    zero = PyFloat_FromDouble(0.0);
+    out = names == NULL ? NULL : PyList_New(PyTuple_GET_SIZE(names));
+    if (out == NULL || zero == NULL) {
+        result = NULL;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+        PyObject *found = PyDict_GetItemWithError(bits, PyTuple_GET_ITEM(names, i));
+        if (found == NULL && PyErr_Occurred()) {
+            result = NULL;
+            goto done;
+        }
+        uint64_t bit = 0;
+        if (found != NULL) {
+            Py_INCREF(found);
+            int fits = as_u64(found, &bit);
+            Py_DECREF(found);
+            if (!fits) {
+                goto done; /* None */
             }
         }
-        Py_DECREF(name);
-        double blocks = 0.0;
-        if (length != NULL) {
-            blocks = PyFloat_AsDouble(length);
-            Py_DECREF(length);
+        double value = 0.0;
+        for (Py_ssize_t e = 0; bit && e < count; e++) {
+            if (masks[e] & bit) {
+                value = held[e];
+                break;
+            }
         }
-        if (PyErr_Occurred()) {
-            Py_DECREF(held);
-            return NULL;
-        }
-        PyObject *boxed = PyFloat_FromDouble(blocks * scale);
+        PyObject *boxed = value == 0.0 ? Py_NewRef(zero) : PyFloat_FromDouble(value);
         if (boxed == NULL) {
-            Py_DECREF(held);
-            return NULL;
+            result = NULL;
+            goto done;
         }
-        PyList_SET_ITEM(held, i, boxed);
+        PyList_SET_ITEM(out, i, boxed);
     }
-    return held;
+    result = Py_NewRef(out);
+done:
+    if (result == Py_None) {
+        Py_INCREF(Py_None);
+    }
+    PyMem_Free(masks);
+    PyMem_Free(held);
+    Py_DECREF(ends);
+    Py_XDECREF(names);
+    Py_XDECREF(out);
+    Py_XDECREF(zero);
+    return result;
 }
 
 typedef struct {
@@ -1789,7 +1827,8 @@ static PyMethodDef module_methods[] = {
     {"match_walk", (PyCFunction)(void (*)(void))native_match_walk, METH_FASTCALL, NULL},
     {"spread_ends", (PyCFunction)(void (*)(void))native_spread_ends, METH_FASTCALL, NULL},
     {"affine_costs", (PyCFunction)(void (*)(void))native_affine_costs, METH_FASTCALL, NULL},
-    {"held_tokens", (PyCFunction)(void (*)(void))native_held_tokens, METH_FASTCALL, NULL},
+    {"held_from_ends", (PyCFunction)(void (*)(void))native_held_from_ends, METH_FASTCALL,
+     NULL},
     {"argsort", (PyCFunction)native_argsort, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -1,6 +1,6 @@
 """Types of the compiled primitives (indexer/_native.c); see indexer/native.py."""
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar, overload
 
 _K = TypeVar("_K")
@@ -25,9 +25,13 @@ def affine_costs(
     now: float,
     /,
 ) -> tuple[list[float], list[float]]: ...
-def held_tokens(
-    lengths: Mapping[str, int], names: list[str] | tuple[str, ...], scale: float, /
-) -> list[float]: ...
+def held_from_ends(
+    bits: dict[str, int],
+    ends: list[tuple[int, int]],
+    names: list[str] | tuple[str, ...],
+    scale: float,
+    /,
+) -> list[float] | None: ...
 def argsort(values: list[float], /) -> list[int]: ...
 
 class U64Map(Generic[_K, _V]):

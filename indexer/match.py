@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, ItemsView, Iterator, Mapping, Sequence, ValuesView
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from indexer.block import PrefixStore, tier_from_masks
 from indexer.types import Tier
+
+if TYPE_CHECKING:
+    from indexer.native import HeldFromEnds, Native
 
 _GPU, _CPU, _STORAGE, _EXPECTED = Tier.GPU, Tier.CPU, Tier.STORAGE, Tier.EXPECTED
 
@@ -137,6 +141,14 @@ class MatchResult:
             return blocks.longest()
         return max(blocks.values(), default=0)
 
+    def held_tokens(self, names: list[str] | tuple[str, ...], scale: float) -> list[float]:
+        """Per name, in order: its matched blocks × `scale` (tokens per block), 0.0 when
+        unmatched or not a candidate."""
+        blocks = self.blocks
+        if type(blocks) is MatchedBlocks:
+            return blocks.held(names, scale)
+        return [blocks.get(name, 0) * scale for name in names]
+
     def lengths(self) -> Mapping[str, int]:
         """`blocks` as a plain mapping (candidate -> matched blocks), resolved once: for a
         caller that reads every candidate's length."""
@@ -222,9 +234,9 @@ class Candidates:
     remembers it until a pod's bit changes): name -> pod bit (0 for an unknown pod), the
     inverse for the known bits, by bit index too, and the OR of the bits."""
 
-    __slots__ = ("alive", "bits", "by_bit", "by_index", "spread")
+    __slots__ = ("alive", "bits", "by_bit", "by_index", "held", "spread")
 
-    def __init__(self, bits: dict[str, int], spread: Spread | None) -> None:
+    def __init__(self, bits: dict[str, int], native: Native | None) -> None:
         self.bits = bits
         self.by_bit = {bit: name for name, bit in bits.items() if bit}
         alive = 0
@@ -234,7 +246,9 @@ class Candidates:
         self.by_index: list[str | None] = [None] * alive.bit_length()
         for bit, name in self.by_bit.items():
             self.by_index[bit.bit_length() - 1] = name
-        self.spread = spread  # None on the pure-Python path
+        # None on the pure-Python path
+        self.spread: Spread | None = None if native is None else native.spread_ends
+        self.held: HeldFromEnds | None = None if native is None else native.held_from_ends
 
 
 class MatchedBlocks(Mapping[str, int]):
@@ -306,6 +320,17 @@ class MatchedBlocks(Mapping[str, int]):
                     table[by_bit[low]] = length
                     mask ^= low
         return table
+
+    def held(self, names: list[str] | tuple[str, ...], scale: float) -> list[float]:
+        """Per name, its matched blocks × `scale` (0.0 when unmatched or unknown): read
+        from the walk's ends without building the table, when compiled."""
+        held = self._candidates.held
+        if self._table is None and held is not None:
+            found = held(self._bits, self._ends, names, scale)
+            if found is not None:
+                return found
+        table = self.table()
+        return [table.get(name, 0) * scale for name in names]
 
     def items(self) -> ItemsView[str, int]:
         return self.table().items()

@@ -69,8 +69,12 @@ AffineCosts = Callable[
 ]
 """(bases, units, step ends, cached tokens, prompt tokens, step term, now) -> per pod
 (TTFT, own prefill): `gateway.routing.kernels.affine_costs`."""
-HeldTokens = Callable[[Mapping[str, int], list[str] | tuple[str, ...], float], list[float]]
-"""`gateway.routing.kernels.held_tokens`."""
+HeldFromEnds = Callable[
+    [dict[str, int], list[tuple[int, int]], list[str] | tuple[str, ...], float],
+    list[float] | None,
+]
+"""`MatchedBlocks.held` in C: (candidate bits, the walk's ends, names, tokens per block) ->
+per name its matched tokens (None: masks wider than 64 bits)."""
 Argsort = Callable[[list[float]], list[int]]
 """`gateway.routing.kernels.argsort`."""
 
@@ -89,8 +93,8 @@ class Native:
     spread_ends: Callable[[dict[str, int], list[str | None], list[tuple[int, int]]], bool]
     """`MatchedBlocks.table`'s loop over the set bits of the walk's ends (False: masks
     wider than 64 bits)."""
+    held_from_ends: HeldFromEnds
     affine_costs: AffineCosts
-    held_tokens: HeldTokens
     argsort: Argsort
     """The routing decision's kernels (`gateway/routing/kernels.py`): not the index's, but
     as hot."""
@@ -119,7 +123,7 @@ def load_native(pure: bool | None = None) -> Native | None:
         match_walk=_native.match_walk,
         map_type=_native.U64Map,
         spread_ends=_native.spread_ends,
+        held_from_ends=_native.held_from_ends,
         affine_costs=_native.affine_costs,
-        held_tokens=_native.held_tokens,
         argsort=_native.argsort,
     )

@@ -341,7 +341,7 @@ class SyncPrefixHashTable:
         pods = self._pods
         bits = {name: pods[name].bit if name in pods else 0 for name in names}
         native = self._native
-        found = Candidates(bits, None if native is None else native.spread_ends)
+        found = Candidates(bits, native)
         if len(self._candidates) >= _CANDIDATE_LISTS:
             self._candidates.clear()
         self._candidates[names] = found

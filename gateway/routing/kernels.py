@@ -4,10 +4,9 @@ answers), and these pure-Python ones where it was not built or KVGATE_PURE_PYTHO
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from indexer.native import AffineCosts, Argsort, HeldTokens, load_native
+from indexer.native import AffineCosts, Argsort, load_native
 
 
 def affine_costs(
@@ -32,14 +31,6 @@ def affine_costs(
     return ttfts, prefills
 
 
-def held_tokens(
-    lengths: Mapping[str, int], names: list[str] | tuple[str, ...], scale: float
-) -> list[float]:
-    """Per name: its matched blocks × `scale` (tokens per block), 0.0 when unmatched (the
-    compiled twin takes a list or a tuple of names)."""
-    return [lengths.get(name, 0) * scale for name in names]
-
-
 def argsort(values: list[float]) -> list[int]:
     """The indices of `values` by ascending value, equal values in index order."""
     return sorted(range(len(values)), key=values.__getitem__)
@@ -48,7 +39,6 @@ def argsort(values: list[float]) -> list[int]:
 @dataclass(frozen=True, slots=True)
 class Kernels:
     affine_costs: AffineCosts
-    held_tokens: HeldTokens
     argsort: Argsort
 
     @classmethod
@@ -57,5 +47,5 @@ class Kernels:
         KVGATE_PURE_PYTHON says)."""
         native = load_native(pure_python)
         if native is None:
-            return cls(affine_costs, held_tokens, argsort)
-        return cls(native.affine_costs, native.held_tokens, native.argsort)
+            return cls(affine_costs, argsort)
+        return cls(native.affine_costs, native.argsort)

@@ -32,26 +32,6 @@ def test_affine_costs_are_the_pure_ones(compiled: Kernels) -> None:
         compiled.affine_costs([1.0], [1.0], [1.0], ["x"], 1.0, 1.0, 0.0)  # type: ignore[list-item]
 
 
-def test_held_tokens_are_the_pure_ones(compiled: Kernels) -> None:
-    lengths = {"a": 3, "b": 0, "c": 70}
-    names = ["c", "missing", "a", "b", "a"]
-    assert compiled.held_tokens(lengths, names, 16.0) == kernels.held_tokens(lengths, names, 16.0)
-    assert compiled.held_tokens(lengths, [], 16.0) == []
-    # the registry's cached names are a tuple
-    assert compiled.held_tokens(lengths, tuple(names), 16.0) == kernels.held_tokens(
-        lengths, tuple(names), 16.0
-    )
-    with pytest.raises(TypeError):
-        compiled.held_tokens(lengths, "abc", 16.0)
-
-    class Lengths(dict[str, int]):  # any mapping, not only a plain dict
-        pass
-
-    assert compiled.held_tokens(Lengths(lengths), names, 2.0) == [140.0, 0.0, 6.0, 0.0, 6.0]
-    with pytest.raises(TypeError):
-        compiled.held_tokens({"a": "three"}, ["a"], 1.0)  # type: ignore[dict-item]
-
-
 def test_argsort_is_sorted_by_value_and_stable(compiled: Kernels) -> None:
     rng = random.Random(9)
     for size in (0, 1, 2, 64, 300):

@@ -451,6 +451,28 @@ def test_spread_ends_survives_names_and_ends_changing_under_it() -> None:
     assert out.split() == ["RuntimeError"]
 
 
+def test_held_from_ends_survives_its_inputs_changing_under_it() -> None:
+    """A name's __hash__ emptying the bits, the names and the ends: the function reads
+    snapshots of `names` and `ends`, and holds each bit it found while reading it."""
+    out = _run(
+        """
+        from indexer._native import held_from_ends
+        bits, ends, names = {}, [], []
+        class Name(str):
+            def __hash__(self):
+                bits.clear()
+                ends.clear()
+                names.clear()
+                return hash(str(self))
+        names[:] = ["a", Name("b"), "c"]
+        bits.update({"a": 1, "b": 2, "c": 4})
+        ends[:] = [(3, 0b1), (5, 0b110)]
+        print(held_from_ends(bits, ends, names, 2.0))
+        """
+    )
+    assert out.split() == ["[6.0,", "0.0,", "0.0]"]
+
+
 def test_deeply_nested_maps_are_freed_without_overflowing_the_stack() -> None:
     out = _run(
         """

@@ -266,7 +266,11 @@ class IndexMachine(RuleBasedStateMachine):
                 helds[pod].setdefault(prefix, Tier.EXPECTED)
         for prompt in self.prompts:
             result = self.table.match(CTX, self.table.prefix_hashes(prompt), PODS)
-            assert result.longest() == max(result.lengths().values(), default=0), prompt
+            names = (*reversed(PODS), "not-a-candidate")
+            held = result.held_tokens(names, 0.5)  # from the walk's ends, before any table
+            lengths = result.lengths()
+            assert held == [lengths.get(name, 0) * 0.5 for name in names], prompt
+            assert result.longest() == max(lengths.values(), default=0), prompt
             for pod in PODS:
                 expected_tiers = []
                 for end in range(BLOCK, len(prompt) + 1, BLOCK):
