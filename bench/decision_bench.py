@@ -8,13 +8,15 @@ figure is the CPU time (this thread's) of `route` less its tokenization (prefix 
 index match, the profile's plugins), and with the commit (the router-side entries and the
 cost model's bookkeeping), per policy, interleaved so that every policy sees the same
 machine state; p50 and p99 in µs. Every pod has been scraped (running and waiting
-counts), as in a live gateway.
+counts), and the garbage collector runs with `kvgate serve`'s thresholds, as in a live
+gateway.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -37,6 +39,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.registry import PodRegistry, PodState
 from gateway.router import Kind, Routed, Router, build_policies
 from gateway.routing import CostModel, PinLookup
+from gateway.runtime import tune_gc
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable
 
@@ -71,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
     if args.pods < 1 or args.requests < 10:
         print("kvgate bench decision: --pods >= 1 and --requests >= 10")
         return 2
-    results = asyncio.run(_measure(args.pods, args.requests, args.seed))
+    previous_gc = tune_gc()  # as `kvgate serve` runs (gateway/runtime.py)
+    thresholds = list(gc.get_threshold())
+    try:
+        results = asyncio.run(_measure(args.pods, args.requests, args.seed))
+    finally:
+        gc.set_threshold(*previous_gc)
     rows = []
     for policy, figures in results.items():
         note = ""
@@ -83,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
         route = f"{figures['route_p50_us']:.1f} / {figures['route_p99_us']:.1f} µs"
         rows.append((f"{policy} + commit p50 / p99", route, "router-side entries, cost model"))
     print_table(f"routing decision, {args.pods} pods, tokenization excluded", rows)
-    document = {"pods": args.pods, "requests": args.requests, "policies": results}
+    document = {
+        "pods": args.pods,
+        "requests": args.requests,
+        "gc_thresholds": thresholds,
+        "policies": results,
+    }
     print(f"results: {write_json(args.json, document)}")
     _plot(args.plot, results)
     return 0
