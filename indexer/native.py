@@ -3,11 +3,12 @@
 `indexer/_native.c` (built by `pip install`, optional: without a C compiler the install
 still succeeds) provides the chained block hashing, an unboxed insertion-ordered u64 map
 (the blocks' holder masks and last access times, the pods' engine-hash entries), the
-match walk, and the routing cost model's per-candidate multiply-add. The pure-Python path
-keeps plain dicts and the `xxhash` package; both give identical hashes and answers.
-`KVGATE_PURE_PYTHON=1` forces the pure path: the gateway reads it with its settings
-(`IndexConfig.pure_python`); a table, hasher or cost model built without that choice
-reads the variable when it is built (tests, benchmarks).
+match walk, and the routing decision's passes over its candidates (the tokens each holds,
+the cost model's multiply-add, the argsort). The pure-Python path keeps plain dicts and
+the `xxhash` package; both give identical hashes and answers. `KVGATE_PURE_PYTHON=1`
+forces the pure path: the gateway reads it with its settings (`IndexConfig.pure_python`);
+a table, hasher or cost model built without that choice reads the variable when it is
+built (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class Native:
     """`MatchedBlocks.table`'s loop over the set bits of the walk's ends (False: masks
     wider than 64 bits)."""
     held_from_ends: HeldFromEnds
+    """`MatchedBlocks.held`'s loop: the tokens each candidate holds, from the walk's ends."""
     affine_costs: AffineCosts
     argsort: Argsort
     """The routing decision's kernels (`gateway/routing/kernels.py`): not the index's, but
