@@ -23,11 +23,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin, api, passthrough
 from gateway.discovery import Discovery, DiscoveryEvents, build_discovery, run_resynced
-from gateway.errors import GatewayError, NotFound
+from gateway.errors import GatewayError, NotFound, refusal
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
 from gateway.metrics import GatewayMetrics
@@ -92,14 +92,14 @@ def create_app(
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_middleware(
-        ConcurrencyLimit,
+    limited = ConcurrencyLimit(
+        api.GenerationLane(app),
         limit=settings.max_concurrent_requests,
         bodies_per_client=settings.max_bodies_per_client,
         on_reject=metrics.rejected.labels("TooManyRequests").inc,
     )
     return _CutConnections(  # type: ignore[return-value]
-        app, access_log=settings.access_log, admin_port=settings.admin_port
+        limited, app, access_log=settings.access_log, admin_port=settings.admin_port
     )
 
 
@@ -299,9 +299,7 @@ async def _evict_periodically(table: SyncPrefixHashTable, settings: Settings) ->
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     gateway = getattr(request.app.state, "gateway", None)
-    if gateway is not None:
-        gateway.metrics.rejected.labels(type(exc).__name__).inc()
-    return exc.response()
+    return refusal(exc, None if gateway is None else gateway.metrics)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -314,13 +312,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 class _CutConnections:
     """An engine failure after the response started ends it unfinished: uvicorn then drops
     the client's connection, as the engine's own failure would have. Inside it, request ids
-    and the access log (`gateway/request_id.py`) wrap the whole app, errors included."""
+    and the access log (`gateway/request_id.py`) wrap the whole app, errors included; then
+    the concurrency limit, then the generation lane (`api.GenerationLane`) in front of the
+    starlette app that serves every other route."""
 
     def __init__(
-        self, app: Starlette, *, access_log: bool = True, admin_port: int | None = None
+        self,
+        app: ASGIApp,
+        starlette: Starlette,
+        *,
+        access_log: bool = True,
+        admin_port: int | None = None,
     ) -> None:
         self.app = RequestIds(app, access_log=access_log)
-        self.state = app.state  # the gateway state, for embedding code and tests
+        self.state = starlette.state  # the gateway state, for embedding code and tests
         self.admin_port = admin_port
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -31,9 +31,12 @@ Lower layers raise their own errors, mapped to these where they meet a request:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
+
+if TYPE_CHECKING:
+    from gateway.metrics import GatewayMetrics
 
 
 class GatewayError(Exception):
@@ -61,6 +64,14 @@ class GatewayError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
+
+
+def refusal(error: GatewayError, metrics: GatewayMetrics | None) -> JSONResponse:
+    """The client's answer to `error`, counted in `kvgate_requests_rejected_total` by its
+    type (not counted before the gateway has started: there are no metrics yet)."""
+    if metrics is not None:
+        metrics.rejected.labels(type(error).__name__).inc()
+    return error.response()
 
 
 class BadRequest(GatewayError):

@@ -293,6 +293,12 @@ class Exchange:
         self._buffered = 0
         return body
 
+    @property
+    def drained(self) -> bool:
+        """The answer has ended and every chunk of it was taken: the last one taken (from
+        `chunks`) was its end."""
+        return self.complete and not self._chunks
+
     async def read(self) -> bytes:
         """The whole body."""
         return b"".join([chunk async for chunk in self.chunks()])

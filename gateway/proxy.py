@@ -323,6 +323,7 @@ class Relay:
                 await send({"type": "http.response.body", "body": body})
                 return
             first = True
+            ended = False
             async for chunk in exchange.chunks():
                 if pulse is not None:
                     pulse(name)
@@ -331,9 +332,15 @@ class Relay:
                     first = False
                 if meter is not None:
                     meter.feed(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            self._watch.stop()
-            await send({"type": "http.response.body", "body": b""})
+                # The engine's last chunk usually comes with its end: the two go out as one
+                # write (chunk and terminator) instead of two.
+                ended = exchange.drained
+                if ended:
+                    self._watch.stop()
+                await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+            if not ended:
+                self._watch.stop()
+                await send({"type": "http.response.body", "body": b""})
         except Aborted:
             outcome = "client_disconnect"
             raise ClientGone from None

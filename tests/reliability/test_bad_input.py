@@ -83,3 +83,17 @@ async def test_the_simulator_takes_booleans_as_vllm_does(start_gateway: StartGat
     assert response.json()["usage"]["prompt_tokens"] == 32
     stored = [t for block in engine.engine.cache.resident(Tier.GPU) for t in block.tokens]
     assert stored and all(type(t) is int for t in stored)
+
+
+async def test_a_generation_path_asked_with_another_method_is_a_405(
+    start_gateway: StartGateway,
+) -> None:
+    """The generation lane takes only POST; any other method still reaches starlette's
+    router, whose 405 is answered in OpenAI's shape."""
+    gw = await start_gateway(engines=1)
+    async with gw.client() as client:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            response = await client.get(path)
+            assert_openai_error(response)
+            assert response.status_code == 405
+            assert "POST" in response.headers["allow"]
