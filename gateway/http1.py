@@ -161,6 +161,8 @@ class Exchange:
         self._paused = False
         self._answered = False
         self._length_delimited = False
+        self.fixed_length = False
+        """The answer's length is declared (`content-length`): a whole answer, not a stream."""
         self._error: Http1Error | None = None
         self._released = False
         self.status = 0
@@ -178,6 +180,7 @@ class Exchange:
         lowered = name.lower()
         if lowered in (b"content-length", b"transfer-encoding"):
             self._length_delimited = True
+            self.fixed_length = self.fixed_length or lowered == b"content-length"
         self._header_bytes += len(name) + len(value) + 4
         if self._header_bytes > _MAX_HEADER_BYTES or len(self.headers) >= _MAX_HEADERS:
             self._fail(ResponseBroken(
@@ -292,6 +295,13 @@ class Exchange:
         self._chunks.clear()
         self._buffered = 0
         return body
+
+    async def body_started(self) -> None:
+        """Until the first body bytes (or the end of the answer) are here."""
+        while not self._chunks and not self.complete:
+            if self._error is not None:
+                raise self._error
+            await self._wait_for_more()
 
     @property
     def drained(self) -> bool:

@@ -305,10 +305,15 @@ class Relay:
         exchange, state = self._exchange, self._state
         upstream = self._upstream
         outcome = str(exchange.status)
+        start = {"type": "http.response.start", "status": exchange.status, "headers": self.headers}
+        started = False
         try:
-            await send(
-                {"type": "http.response.start", "status": exchange.status, "headers": self.headers}
-            )
+            if exchange.fixed_length and not exchange.complete:
+                # A whole answer whose body is still coming (the engine wrote its head and
+                # body apart): the head waits for it, so the two go out in one write.
+                await exchange.body_started()
+            started = True
+            await send(start)
             meter = self._meter
             pulse = upstream.pulse
             name = state.name
@@ -347,6 +352,8 @@ class Relay:
         except Http1Error as exc:
             outcome = "cut"
             upstream.cut(state)
+            if not started:  # the client sees what it would have: the head, then the cut
+                await send(start)
             raise UpstreamCut(f"pod {state.name} failed mid-response: {exc}") from exc
         except BaseException:
             outcome = "client_disconnect"

@@ -27,6 +27,9 @@ class Engine:
         self.heads: list[bytes] = []
         self.server: asyncio.Server | None = None
         self.answer = EVIL_ANSWER
+        self.later: bytes | None = None
+        """Written `gap_s` after the answer, when set (then the connection is closed)."""
+        self.gap_s = 0.05
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -44,6 +47,12 @@ class Engine:
                 else:
                     self.heads.append(head)
                     writer.write(self.answer)
+                    if self.later is not None:
+                        await writer.drain()
+                        await asyncio.sleep(self.gap_s)
+                        writer.write(self.later)
+                        await writer.drain()
+                        return
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -127,3 +136,55 @@ async def test_trace_context_crosses_both_ways_and_the_request_id_is_ours(
     assert headers["tracestate"] == "engine=1"
     assert headers["baggage"] == "tenant=acme"
     assert headers.get_list("x-request-id") == ["client-7"]  # the engine's own is replaced
+
+
+CHAT = b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}]}' % MODEL.encode()
+
+
+async def raw_post(port: int, body: bytes) -> tuple[bytes, bytes]:
+    """The first read of the gateway's answer, and everything until the connection closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\nconnection: close\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        async with asyncio.timeout(10):
+            first = await reader.read(65536)
+            rest = await reader.read()
+        return first, first + rest
+    finally:
+        writer.close()
+
+
+async def test_a_whole_answer_written_in_two_parts_is_relayed_in_one(
+    start_gateway: StartGateway, engine: Engine
+) -> None:
+    """An engine (uvicorn, as vLLM's) writes a JSON answer's head and body apart; the
+    gateway holds the head until the body is there, so the client gets both at once."""
+    engine.answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n"
+    )
+    engine.later = b'{"ok": true}'[:11]
+    gw = await start_gateway(engines=0, pods=[{"name": "raw", "url": engine.url, "model": MODEL}])
+    first, whole = await raw_post(gw.server.port, CHAT)
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert first.endswith(b"\r\n\r\n" + engine.later)  # head and body in the first read
+    assert whole == first
+
+
+async def test_a_whole_answer_cut_before_its_body_is_a_head_then_a_cut(
+    start_gateway: StartGateway, engine: Engine
+) -> None:
+    """The engine dies after its head: the client gets the head (as the engine sent it),
+    then the connection closes before the declared length, as it would from the engine."""
+    engine.answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n"
+    )
+    engine.later = b'{"partial'
+    gw = await start_gateway(engines=0, pods=[{"name": "raw", "url": engine.url, "model": MODEL}])
+    _, whole = await raw_post(gw.server.port, CHAT)
+    head, _, body = whole.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"content-length: 50" in head.lower()
+    assert len(body) < 50
