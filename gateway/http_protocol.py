@@ -23,6 +23,9 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 CLIENT_GONE = "kvgate.client_gone"
 """The scope extension holding the request's `ConnectionWatch`."""
+BODY_RECEIVED = "kvgate.body_received"
+"""The scope extension set (True) once the request's whole body has been received: reading
+it then cannot wait on the client, so it needs no deadline."""
 
 
 class ConnectionWatch:
@@ -152,6 +155,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         # not all arrive in this read (`data_received`), as clients send them.
         self._cancel_header_timer()
         self._headers_pending = True
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        scope: dict[str, Any] = self.scope  # type: ignore[assignment]
+        scope["extensions"][BODY_RECEIVED] = True
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

@@ -1,6 +1,7 @@
-"""`HeadWithBody` over a real socket: a response's head goes out with its body's first
-bytes in one write when they come in the same event-loop iteration, alone at the end of
-the iteration otherwise, and before the connection closes."""
+"""kvgate's HTTP server protocol: `HeadWithBody` over a real socket (a response's head goes
+out with its body's first bytes in one write when they come in the same event-loop
+iteration, alone at the end of the iteration otherwise, and before the connection closes),
+and the `BODY_RECEIVED` extension on a real server."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
+from starlette.types import Receive, Scope, Send
 
-from gateway.http_protocol import HeadWithBody
+from gateway.http_protocol import BODY_RECEIVED, HeadWithBody
+from gateway.server import GatewayServer
 
 
 class RecordedTransport:
@@ -100,3 +103,40 @@ async def test_closing_writes_a_held_head_first(
     assert await read_exactly(peer, len(HEAD) + 1) == HEAD  # then the end of the stream
     await asyncio.sleep(0)
     assert recorded.writes == [HEAD]  # the end of the iteration writes nothing more
+
+
+async def seen_body_received(scope: Scope, receive: Receive, send: Send) -> None:
+    """An app that answers whether the server said the body was whole when it started."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    flag = scope["extensions"].get(BODY_RECEIVED, False)
+    while (await receive()).get("more_body", False):
+        pass
+    answer = b"yes" if flag else b"no"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"%d" % len(answer))]})  # fmt: skip
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def test_the_server_says_when_the_body_is_already_whole() -> None:
+    server = GatewayServer(seen_body_received)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\n"
+        writer.write(head + b"body")  # the body with its head: read without a deadline
+        async with asyncio.timeout(5):
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            assert await reader.readexactly(3) == b"yes"
+            writer.write(head + b"bo")  # on the same connection, half a body: it is not
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(b"dy")
+            await reader.readuntil(b"\r\n\r\n")
+            assert await reader.readexactly(2) == b"no"
+        writer.close()
+    finally:
+        await server.stop()
