@@ -291,9 +291,9 @@ completions = Generation("completion", "/v1/completions")
 
 class GenerationLane:
     """A POST to a generation route goes straight to its endpoint; every other request to
-    the starlette app. The generation routes are the gateway's traffic: starlette's
-    per-request layers (error middlewares, route matching, endpoint wrapper) were a tenth of
-    the gateway's CPU per request, for nothing these endpoints use (docs/benchmarks.md).
+    the starlette app. The generation routes are the gateway's traffic, and starlette's
+    per-request layers (two error middlewares, route matching) cost CPU on every one of
+    them for nothing these endpoints use (docs/benchmarks.md).
 
     What they would have given is kept: `scope["app"]` (the gateway's state is found
     through it), refusals answered in OpenAI's shape and counted (`Generation`), and an
