@@ -87,8 +87,8 @@ class RequestIds:
                 answer.started(message["status"], kept)
                 if answer.pod is not None:
                     POD.set(answer.pod)
-            elif message["type"] == "http.response.body" and message.get("body"):
-                answer.body(self._clock())
+            elif answer.first_byte is None and message.get("body"):  # a body's first bytes
+                answer.first_byte = self._clock()
             await send(message)
 
         outcome: str | None = None
@@ -155,6 +155,3 @@ class _Answer:
             elif name == b"x-kvgate-cached-blocks" and value.isdigit():
                 self.cached_blocks = int(value)
 
-    def body(self, now: float) -> None:
-        if self.first_byte is None:
-            self.first_byte = now

@@ -222,6 +222,36 @@ async def test_silence_before_and_during_the_answer_times_out(
     exchange.release()
 
 
+async def test_the_read_timeout_counts_each_wait_not_the_whole_answer(
+    serve: Callable[[Handler], Awaitable[Server]], pool: Http1Pool
+) -> None:
+    """Chunks 0.2 s apart for longer than the 0.5 s read timeout are not a timeout (the one
+    timer per exchange fires during a later wait and checks again at its due time); the
+    silence after them is."""
+
+    async def trickles_then_stalls(reader: Reader, writer: Writer, _: Server) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _chunk in range(6):
+            await asyncio.sleep(0.2)
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+        await asyncio.sleep(5)
+
+    exchange = await pool.send(
+        (await serve(trickles_then_stalls)).url, b"POST /x HTTP/1.1\r\ncontent-length: 0\r\n", b""
+    )
+    loop = asyncio.get_running_loop()
+    chunks = []
+    with pytest.raises(ResponseTimeout):
+        async for chunk in exchange.chunks():
+            chunks.append((chunk, loop.time()))
+    timed_out_at = loop.time()
+    exchange.release()
+    assert [chunk for chunk, _ in chunks] == [b"x"] * 6
+    assert 0.45 <= timed_out_at - chunks[-1][1] < 2.0  # the stall, timed from its own start
+
+
 async def test_abort_closes_the_connection_so_the_engine_sees_the_client_leave(
     serve: Callable[[Handler], Awaitable[Server]], pool: Http1Pool
 ) -> None:
