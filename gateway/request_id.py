@@ -154,4 +154,3 @@ class _Answer:
                 self.policy = value.decode("latin-1")
             elif name == b"x-kvgate-cached-blocks" and value.isdigit():
                 self.cached_blocks = int(value)
-
