@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import pytest
 from starlette.types import Receive, Scope, Send
@@ -34,14 +35,28 @@ class RecordedTransport:
         self.transport.close()
 
 
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
+
+
+@dataclass
+class Held:
+    """A `HeadWithBody` over a real socket pair."""
+
+    writer: HeadWithBody
+    recorded: RecordedTransport
+    peer: socket.socket
+
+
 @pytest.fixture
-async def pair() -> AsyncIterator[tuple[RecordedTransport, socket.socket]]:
+async def held() -> AsyncIterator[Held]:
     ours, peer = socket.socketpair()
     peer.setblocking(False)
-    transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, sock=ours)
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_connection(asyncio.Protocol, sock=ours)
     recorded = RecordedTransport(transport)
+    writer = HeadWithBody(recorded, loop)
     try:
-        yield recorded, peer
+        yield Held(writer, recorded, peer)
     finally:
         transport.close()
         peer.close()
@@ -59,14 +74,10 @@ async def read_exactly(peer: socket.socket, size: int) -> bytes:
     return data
 
 
-HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"
-
-
 async def test_the_head_and_a_body_written_in_the_same_iteration_are_one_write(
-    pair: tuple[RecordedTransport, socket.socket],
+    held: Held,
 ) -> None:
-    recorded, peer = pair
-    writer = HeadWithBody(recorded, asyncio.get_running_loop())
+    writer, recorded, peer = held.writer, held.recorded, held.peer
     writer.write(HEAD)
     assert recorded.writes == []
     writer.write(b"hello")
@@ -79,10 +90,9 @@ async def test_the_head_and_a_body_written_in_the_same_iteration_are_one_write(
 
 
 async def test_a_head_without_a_body_goes_out_at_the_end_of_the_iteration(
-    pair: tuple[RecordedTransport, socket.socket],
+    held: Held,
 ) -> None:
-    recorded, peer = pair
-    writer = HeadWithBody(recorded, asyncio.get_running_loop())
+    writer, recorded, peer = held.writer, held.recorded, held.peer
     writer.write(HEAD)
     await asyncio.sleep(0)  # a stream's first chunk is not there yet
     assert recorded.writes == [HEAD]
@@ -91,11 +101,8 @@ async def test_a_head_without_a_body_goes_out_at_the_end_of_the_iteration(
     assert recorded.writes == [HEAD, b"hello"]
 
 
-async def test_closing_writes_a_held_head_first(
-    pair: tuple[RecordedTransport, socket.socket],
-) -> None:
-    recorded, peer = pair
-    writer = HeadWithBody(recorded, asyncio.get_running_loop())
+async def test_closing_writes_a_held_head_first(held: Held) -> None:
+    writer, recorded, peer = held.writer, held.recorded, held.peer
     writer.write(HEAD)
     writer.close()
     assert writer.is_closing()
