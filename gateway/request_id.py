@@ -124,13 +124,19 @@ class RequestIds:
         }
         if outcome is not None:
             fields["outcome"] = outcome  # the answer did not end normally (cut, client gone)
-        text = " ".join(
-            f"{key}={'-' if value is None else value}"
-            for key, value in fields.items()
-            if key not in ("method", "path")
+        text = (
+            f"status={_shown(answer.status)} pod={_shown(answer.pod)} "
+            f"policy={_shown(answer.policy)} cached_blocks={_shown(answer.cached_blocks)} "
+            f"ttft_ms={_shown(ttft_ms)} duration_ms={fields['duration_ms']}"
         )
+        if outcome is not None:
+            text += f" outcome={outcome}"
         access_logger.log(level, "%s %s %s", fields["method"], path, text,
                           extra={ACCESS_FIELDS: fields, "pod": answer.pod})  # fmt: skip
+
+
+def _shown(value: object) -> object:
+    return "-" if value is None else value
 
 
 class _Answer:

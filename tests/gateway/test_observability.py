@@ -279,6 +279,24 @@ def test_json_lines_are_one_object_each_even_with_newlines_and_tracebacks() -> N
     assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
 
 
+def test_line_times_are_utc_with_milliseconds_across_seconds() -> None:
+    """The formatters format a second once and reuse it: a line in the next second, or an
+    earlier one logged late, still gets its own time."""
+    for formatter in (TextFormatter(), JsonFormatter()):
+        stamps = []
+        for created in (1_700_000_000.25, 1_700_000_000.75, 1_700_000_001.125, 1_699_999_999.5):
+            record = logging.LogRecord("kvgate.test", logging.INFO, __file__, 1, "m", None, None)
+            record.created, record.msecs = created, (created - int(created)) * 1000
+            line = formatter.format(record)
+            stamps.append(json.loads(line)["time"] if line.startswith("{") else line.split()[0])
+        assert stamps == [
+            "2023-11-14T22:13:20.250Z",
+            "2023-11-14T22:13:20.750Z",
+            "2023-11-14T22:13:21.125Z",
+            "2023-11-14T22:13:19.500Z",
+        ]
+
+
 def test_kvgate_version() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "--version"],
