@@ -357,6 +357,8 @@ class Relay:
             raise UpstreamCut(f"pod {state.name} failed mid-response: {exc}") from exc
         except BaseException:
             outcome = "client_disconnect"
+            if not started:  # cancelled (a forced shutdown): the head, then the cut, as before
+                await send(start)
             raise
         finally:
             self._watch.stop()

@@ -5,11 +5,18 @@ context crosses both ways, the request id is the gateway's."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from gateway.app import create_app
+from gateway.server import GatewayServer
+from gateway.settings import Settings
 from tests.gateway.conftest import MODEL, StartGateway
+from tests.helpers import eventually
 
 EVIL_ANSWER = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
@@ -188,3 +195,28 @@ async def test_a_whole_answer_cut_before_its_body_is_a_head_then_a_cut(
     assert head.startswith(b"HTTP/1.1 200 ")
     assert b"content-length: 50" in head.lower()
     assert len(body) < 50
+
+
+async def test_a_forced_shutdown_while_a_whole_answer_is_held_sends_its_head_then_cuts(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The gateway stops with a request whose head it holds for the body: past the drain
+    timeout its task is cancelled, and the client sees the head, then the cut (what it saw
+    when the head went out at once), never a 500 of the gateway's own."""
+    engine.answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 50\r\n\r\n"
+    )
+    engine.later, engine.gap_s = b"{}", 30.0
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"pods": [{"name": "raw", "url": engine.url, "model": MODEL}]}))
+    app = create_app(Settings(pods_file=pods), metrics_registry=CollectorRegistry())
+    server = GatewayServer(app, drain_timeout_s=1)
+    await server.start()
+    try:
+        answer = asyncio.ensure_future(raw_post(server.port, CHAT))
+        await eventually(lambda: len(engine.heads) == 1)
+    finally:
+        await server.stop()
+    _, whole = await answer
+    assert whole.startswith(b"HTTP/1.1 200 ")
+    assert b"content-length: 50" in whole.lower()
