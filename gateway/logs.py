@@ -76,6 +76,8 @@ class JsonFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
         self._utc = _Utc()
+        # one encoder for every line (`json.dumps` with options builds one per call)
+        self._encode = json.JSONEncoder(default=str, ensure_ascii=False).encode
 
     def format(self, record: logging.LogRecord) -> str:
         request_id, pod = _context(record)
@@ -89,12 +91,13 @@ class JsonFormatter(logging.Formatter):
         }
         fields = getattr(record, ACCESS_FIELDS, None)
         if isinstance(fields, dict):
-            entry.update((key, value) for key, value in fields.items() if key not in entry)
+            for key, value in fields.items():
+                entry.setdefault(key, value)
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return self._encode(entry)
 
 
 def formatter(log_format: str) -> logging.Formatter:
