@@ -1819,6 +1819,98 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
     return order;
 }
 
+/* gateway.routing.kernels.affine_order: affine_costs' TTFTs, their argsort, and the pods
+ * within `tolerance` of the best (`ties`, at least one) moved into descending order of
+ * cached tokens, stably; `equal`: how many of those hold as much as the first. What the
+ * cost-model picker ranks by when nothing but the TTFT counts, in one pass and without a
+ * list of costs. */
+static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+        !PyList_Check(args[2]) || !PyList_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "affine_order(bases: list, units: list, ends: list, cached: list, "
+                        "prompt_tokens, step_term, now, tolerance)");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(args[0]);
+    if (PyList_GET_SIZE(args[1]) != count || PyList_GET_SIZE(args[2]) != count ||
+        PyList_GET_SIZE(args[3]) != count) {
+        PyErr_SetString(PyExc_ValueError, "affine_order: the four lists differ in length");
+        return NULL;
+    }
+    double prompt = PyFloat_AsDouble(args[4]), step = PyFloat_AsDouble(args[5]);
+    double now = PyFloat_AsDouble(args[6]), tolerance = PyFloat_AsDouble(args[7]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    size_t size = (size_t)(count ? count : 1);
+    double *values = PyMem_Malloc(sizeof(double) * 5 * size);
+    Ranked *ranked = PyMem_Malloc(sizeof(Ranked) * size);
+    PyObject *order = NULL, *result = NULL;
+    if (values == NULL || ranked == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *bases = values, *units = values + count, *ends = values + 2 * count;
+    double *cached = values + 3 * count, *ttfts = values + 4 * count;
+    if (!read_doubles(args[0], count, bases) || !read_doubles(args[1], count, units) ||
+        !read_doubles(args[2], count, ends) || !read_doubles(args[3], count, cached)) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) { /* affine_costs' operations, in its order */
+        double own = prompt - cached[i];
+        double prefill = own > 0.0 ? units[i] * own : 0.0;
+        double remaining = ends[i] - now;
+        double ttft = bases[i] + prefill;
+        if (remaining > 0.0) {
+            double wait = step * remaining;
+            ttft = bases[i] + prefill + wait;
+        }
+        ttfts[i] = ttft;
+        ranked[i].value = ttft == ttft ? ttft : Py_HUGE_VAL; /* NaN last */
+        ranked[i].index = i;
+    }
+    qsort(ranked, (size_t)count, sizeof(Ranked), compare_ranked);
+    Py_ssize_t ties = 0, equal = 0;
+    if (count) {
+        double limit = ttfts[ranked[0].index] * (1.0 + tolerance);
+        ties = 1;
+        while (ties < count && ttfts[ranked[ties].index] <= limit) {
+            ties++;
+        }
+        for (Py_ssize_t i = 1; i < ties; i++) { /* insertion sort: few, and stable */
+            Ranked moved = ranked[i];
+            Py_ssize_t j = i;
+            while (j > 0 && cached[ranked[j - 1].index] < cached[moved.index]) {
+                ranked[j] = ranked[j - 1];
+                j--;
+            }
+            ranked[j] = moved;
+        }
+        equal = 1;
+        while (equal < ties && cached[ranked[equal].index] == cached[ranked[0].index]) {
+            equal++;
+        }
+    }
+    order = PyList_New(count);
+    for (Py_ssize_t i = 0; order != NULL && i < count; i++) {
+        PyObject *index = PyLong_FromSsize_t(ranked[i].index);
+        if (index == NULL) {
+            Py_CLEAR(order);
+            break;
+        }
+        PyList_SET_ITEM(order, i, index);
+    }
+    if (order != NULL) {
+        result = Py_BuildValue("(Onn)", order, ties, equal);
+    }
+done:
+    Py_XDECREF(order);
+    PyMem_Free(values);
+    PyMem_Free(ranked);
+    return result;
+}
+
 /* -- module --------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1830,6 +1922,7 @@ static PyMethodDef module_methods[] = {
     {"held_from_ends", (PyCFunction)(void (*)(void))native_held_from_ends, METH_FASTCALL,
      NULL},
     {"argsort", (PyCFunction)native_argsort, METH_O, NULL},
+    {"affine_order", (PyCFunction)(void (*)(void))native_affine_order, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,6 +33,17 @@ def held_from_ends(
     /,
 ) -> list[float] | None: ...
 def argsort(values: list[float], /) -> list[int]: ...
+def affine_order(
+    bases: list[float],
+    units: list[float],
+    ends: list[float],
+    cached: list[float],
+    prompt_tokens: float,
+    step_term: float,
+    now: float,
+    tolerance: float,
+    /,
+) -> tuple[list[int], int, int]: ...
 
 class U64Map(Generic[_K, _V]):
     """An insertion-ordered mapping storing unsigned 64-bit int keys and values unboxed."""

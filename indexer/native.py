@@ -78,6 +78,12 @@ HeldFromEnds = Callable[
 per name its matched tokens (None: masks wider than 64 bits)."""
 Argsort = Callable[[list[float]], list[int]]
 """`gateway.routing.kernels.argsort`."""
+AffineOrder = Callable[
+    [list[float], list[float], list[float], list[float], float, float, float, float],
+    tuple[list[int], int, int],
+]
+"""(bases, units, step ends, cached tokens, prompt tokens, step term, now, tolerance) ->
+(order, ties, equal): `gateway.routing.kernels.affine_order`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +104,7 @@ class Native:
     """`MatchedBlocks.held`'s loop: the tokens each candidate holds, from the walk's ends."""
     affine_costs: AffineCosts
     argsort: Argsort
+    affine_order: AffineOrder
     """The routing decision's kernels (`gateway/routing/kernels.py`): not the index's, but
     as hot."""
 
@@ -128,4 +135,5 @@ def load_native(pure: bool | None = None) -> Native | None:
         held_from_ends=_native.held_from_ends,
         affine_costs=_native.affine_costs,
         argsort=_native.argsort,
+        affine_order=_native.affine_order,
     )

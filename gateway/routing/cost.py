@@ -356,11 +356,38 @@ class CostModel:
         """Each pod's predicted TTFT and, within it, this request's own prefill (s), in the
         order of `pods` (`cached`: the tokens each holds; `names`: the pods' names, when
         the caller has them): what a picker ranks by, without a `Prediction` per pod (the
-        chosen pod's is made when the request is dispatched).
+        chosen pod's is made when the request is dispatched)."""
+        ranking, now = self._current_ranking(pods, names)
+        return self.kernels.affine_costs(
+            ranking.bases, ranking.units, ranking.ends, list(cached), prompt_tokens,
+            self._theta[STEP_TERM], now,
+        )  # fmt: skip
 
-        It runs per decision over every candidate, so it reads the candidates' estimates
-        from a `_Ranking` kept per candidate list, which re-estimates only the pods whose
-        work changed since the last decision (`_changed`)."""
+    def rank_order(
+        self,
+        pods: Sequence[ScrapedPod],
+        cached: list[float],
+        prompt_tokens: int,
+        names: Sequence[str] | None,
+        tolerance: float,
+    ) -> tuple[list[int], int, int]:
+        """`rank_costs`' TTFTs ranked in one pass (`kernels.affine_order`): (the pods'
+        indices, fastest first but those within `tolerance` of the fastest by cached tokens;
+        how many are within it; how many of those hold as much as the first)."""
+        ranking, now = self._current_ranking(pods, names)
+        return self.kernels.affine_order(
+            ranking.bases, ranking.units, ranking.ends, cached, prompt_tokens,
+            self._theta[STEP_TERM], now, tolerance,
+        )  # fmt: skip
+
+    def _current_ranking(
+        self, pods: Sequence[ScrapedPod], names: Sequence[str] | None
+    ) -> tuple[_Ranking, float]:
+        """The candidates' estimate terms as of now.
+
+        It runs per decision over every candidate, so it reads them from a `_Ranking` kept
+        per candidate list, which re-estimates only the pods whose work changed since the
+        last decision (`_changed`)."""
         now = self._clock()
         self._theta_for(now)
         self._expire_due(now)
@@ -385,10 +412,7 @@ class CostModel:
                     update(at, estimate(self._work(work.name), pod.scraped_at, pod.running,
                                         pod.waiting))  # fmt: skip
             ranking.position = len(self._changes)
-        return self.kernels.affine_costs(
-            ranking.bases, ranking.units, ranking.ends, list(cached), prompt_tokens,
-            self._theta[STEP_TERM], now,
-        )  # fmt: skip
+        return ranking, now
 
     def _ranking(
         self,

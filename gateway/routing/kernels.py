@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from indexer.native import AffineCosts, Argsort, load_native
+from indexer.native import AffineCosts, AffineOrder, Argsort, load_native
 
 
 def affine_costs(
@@ -36,10 +36,42 @@ def argsort(values: list[float]) -> list[int]:
     return sorted(range(len(values)), key=values.__getitem__)
 
 
+def affine_order(
+    bases: list[float],
+    units: list[float],
+    ends: list[float],
+    cached: list[float],
+    prompt_tokens: float,
+    step_term: float,
+    now: float,
+    tolerance: float,
+) -> tuple[list[int], int, int]:
+    """`affine_costs`' TTFTs ranked: (order, ties, equal). `order` is their `argsort`, but
+    its first `ties` pods (those within `tolerance` of the best, at least one) in descending
+    order of `cached` tokens (equal ones as they were); `equal`: how many of those hold as
+    much as the first. What the cost-model picker ranks by when only the TTFT counts."""
+    ttfts, _ = affine_costs(bases, units, ends, cached, prompt_tokens, step_term, now)
+    order = argsort(ttfts)
+    if not order:
+        return order, 0, 0
+    limit = ttfts[order[0]] * (1.0 + tolerance)
+    ties = 1
+    while ties < len(order) and ttfts[order[ties]] <= limit:
+        ties += 1
+    head = order[:ties]
+    head.sort(key=cached.__getitem__, reverse=True)  # stable: equal ones keep their order
+    order[:ties] = head
+    equal = 1
+    while equal < ties and cached[head[equal]] == cached[head[0]]:
+        equal += 1
+    return order, ties, equal
+
+
 @dataclass(frozen=True, slots=True)
 class Kernels:
     affine_costs: AffineCosts
     argsort: Argsort
+    affine_order: AffineOrder
 
     @classmethod
     def load(cls, pure_python: bool | None = None) -> Kernels:
@@ -47,5 +79,5 @@ class Kernels:
         KVGATE_PURE_PYTHON says)."""
         native = load_native(pure_python)
         if native is None:
-            return cls(affine_costs, argsort)
-        return cls(native.affine_costs, native.argsort)
+            return cls(affine_costs, argsort, affine_order)
+        return cls(native.affine_costs, native.argsort, native.affine_order)

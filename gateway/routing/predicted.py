@@ -142,8 +142,23 @@ class MinPredictedTtftPicker:
             request.routable_names if pods is request.routable else [pod.pod.name for pod in pods]
         )
         cached = cached_tokens(self._cost, self._block_size, match, names)
-        ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens, names)
         slo = request.slo_ttft_s
+        # A first turn whose whole prompt some pod already holds is a repeat (a retry, a
+        # regenerated answer), not a new conversation: it goes where it is cached.
+        repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
+        placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
+        if slo is None and not placing and not self.prefill_weight and not self.affinity_tolerance:
+            # Only the TTFT counts: ranked and its near-ties ordered in one compiled pass.
+            order, _, equal = self._cost.rank_order(
+                pods, cached, request.prompt_tokens, names, self.tie_tolerance
+            )
+            probed = self._probed(order, names)
+            if probed is not None:
+                return [pods[probed], *(pods[i] for i in order)]
+            if equal > 1:  # as much cached: a random one (none favoured by its place)
+                order.insert(0, order.pop(self._rng.randrange(equal)))
+            return list(map(pods.__getitem__, order))
+        ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens, names)
         if slo is not None:
             meeting = [i for i, ttft in enumerate(ttfts) if ttft <= slo]
             if meeting:
@@ -158,10 +173,6 @@ class MinPredictedTtftPicker:
                     f"objective (best: {best * 1e3:.0f} ms)",
                     retry_after_s=max(1, round(best - slo + 0.5)),
                 )
-        # A first turn whose whole prompt some pod already holds is a repeat (a retry, a
-        # regenerated answer), not a new conversation: it goes where it is cached.
-        repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
-        placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         if placing:
             # As if every pod held as much as the best (the shared prefix): each pod's own
             # prefill scaled down to the least any pod has to do.
@@ -177,13 +188,9 @@ class MinPredictedTtftPicker:
         else:
             costs = ttfts
         order = self._cost.kernels.argsort(costs)
-        if self.probe_rate and self._rng.random() < self.probe_rate:
-            # Now and then a stale pod goes first: a pod one unlucky answer made look slow
-            # gets measured again instead of starving; a pod in use is never probed.
-            stale = [i for i in order[1:] if self._cost.stale(names[i])]
-            if stale:  # the most avoided of them
-                order.remove(stale[-1])
-                return [pods[stale[-1]], *(pods[i] for i in order)]
+        probed = self._probed(order, names)
+        if probed is not None:
+            return [pods[probed], *(pods[i] for i in order)]
         if not placing and self.affinity_tolerance > 0.0:
             # A later turn stays with the pod that holds most of its conversation unless
             # another is predicted faster by more than `affinity_tolerance`: moving repays
@@ -221,3 +228,15 @@ class MinPredictedTtftPicker:
                     head.insert(0, head.pop(self._rng.randrange(equal)))
             order[:ties] = head
         return [pods[i] for i in order]
+
+    def _probed(self, order: list[int], names: Sequence[str]) -> int | None:
+        """Now and then (`probe_rate`) a stale pod goes first, taken out of `order`: a pod
+        one unlucky answer made look slow gets measured again instead of starving; a pod
+        in use is never probed."""
+        if not self.probe_rate or self._rng.random() >= self.probe_rate:
+            return None
+        stale = [i for i in order[1:] if self._cost.stale(names[i])]
+        if not stale:
+            return None
+        order.remove(stale[-1])  # the most avoided of them
+        return stale[-1]

@@ -496,6 +496,15 @@ def test_rank_costs_follow_every_change_of_the_pods(
         for ttft, prefill, prediction in zip(ttfts, prefills, fresh, strict=True):
             assert ttft == pytest.approx(prediction.ttft_s, rel=1e-12, abs=1e-15), step
             assert prefill == pytest.approx(prediction.own_prefill_s(), rel=1e-9), step
+        # the one-pass ranking: the pods within 5 % of the best first, most cached first
+        # (how many hold as much as the first: `equal`), then the rest by TTFT
+        order, ties, equal = cost.rank_order(candidates, cached, prompt, None, 0.05)
+        near = {i for i, ttft in enumerate(ttfts) if ttft <= min(ttfts) * 1.05}
+        assert sorted(order) == list(range(len(candidates))) and set(order[:ties]) == near
+        head = [cached[i] for i in order[:ties]]
+        assert head == sorted(head, reverse=True) and equal == head.count(head[0])
+        rest = [ttfts[i] for i in order[ties:]]
+        assert rest == sorted(rest), step
 
 
 def test_placement_by_conversations_counts_first_turns_not_requests() -> None:

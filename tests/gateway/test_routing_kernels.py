@@ -58,3 +58,24 @@ def test_lists_changed_while_read_are_refused(compiled: Kernels) -> None:
     values.extend([Shrinking(), 2.0])  # type: ignore[list-item]
     with pytest.raises(RuntimeError, match="changed while read"):
         compiled.affine_costs(values, [1.0, 1.0], [1.0, 1.0], [1.0, 1.0], 1.0, 1.0, 0.0)
+
+
+def test_affine_order_is_the_pure_one(compiled: Kernels) -> None:
+    """The ranking, its near-ties by cached tokens and the counts: as the pure twin, on
+    lists with many equal costs and equal cached lengths."""
+    rng = random.Random(13)
+    for size in (0, 1, 2, 7, 64, 200):
+        for tolerance in (0.0, 0.05, 0.5):
+            bases = [float(rng.randrange(6)) / 8 for _ in range(size)]
+            units = [rng.choice((0.0, 1e-4)) for _ in range(size)]
+            ends = [rng.uniform(-1.0, 1.0) for _ in range(size)]
+            cached = [float(rng.choice((0, 0, 16, 512, 1024))) for _ in range(size)]
+            args = (bases, units, ends, cached, 1024.0, rng.uniform(0.0, 1.0), 0.25, tolerance)
+            assert compiled.affine_order(*args) == kernels.affine_order(*args)
+    # the two within 5 % of the best, the better cached first; both hold as much as each other
+    order = kernels.affine_order(
+        [1.0, 0.5, 0.51, 2.0], [0.0] * 4, [0.0] * 4, [0.0, 16.0, 32.0, 0.0], 10.0, 0.0, 1.0, 0.05
+    )
+    assert order == ([2, 1, 0, 3], 2, 1)
+    with pytest.raises(ValueError, match="differ in length"):
+        compiled.affine_order([1.0], [1.0], [1.0], [], 1.0, 1.0, 0.0, 0.05)
