@@ -220,7 +220,13 @@ class _PodWork:
     with the fleet's model until it answers)."""
     last_chunk: float = -math.inf
     step_start: float = -math.inf
-    """When its current step began: the first chunk after a quiet spell (the end of the last)."""
+    """When its current step began: the first chunk after a quiet spell (the end of the
+    last), or a request sent to it while idle."""
+    steps: int = 0
+    """Steps begun so far: a request sent before the current one began is in it."""
+    step_seeded: bool = False
+    """The current step was begun by a request sent while idle, not seen in chunks: its
+    length is that prefill's, not a decode step's."""
     step_lengths: list[float] = field(default_factory=list)
     decode_step_s: float = 0.0
     """The shortest of its recent steps: its pure decode step at about the current batch."""
@@ -260,6 +266,8 @@ class Ticket:
     """Unique within this gateway (names it to the other replicas)."""
     remote: bool = False
     """Another replica's request, known from its decision: load only, nothing to learn."""
+    step: int = 0
+    """Its pod's `steps` when it was sent: it is in every step begun after."""
 
 
 class CostModel:
@@ -499,8 +507,9 @@ class CostModel:
         t0, t1, t2, t3, t4, _, t6 = self._theta
         prefilling = work.prefilling
         in_step = work.in_step_tokens
+        in_step_requests = work.in_step_requests
         pending = work.prefill_tokens - in_step
-        pending_requests = float(prefilling - work.in_step_requests)
+        pending_requests = float(prefilling - in_step_requests)
         decoding = float(work.decoding)
         busy = bool(prefilling or work.decoding)
         if scraped_at is not None:
@@ -517,10 +526,14 @@ class CostModel:
                 pending_requests += others_waiting
                 decoding += others - others_waiting
                 busy = True
+                if work.step_seeded:  # not idle after all: ours queued behind theirs
+                    pending += in_step
+                    pending_requests += in_step_requests
+                    in_step, in_step_requests = 0.0, 0
         speed = self._typical_speed if work.speed is None else work.speed.factor
         step_end = -math.inf
         if busy:
-            in_step_s = speed * (t1 * in_step / _TOKEN_UNIT + t0 * work.in_step_requests)
+            in_step_s = speed * (t1 * in_step / _TOKEN_UNIT + t0 * in_step_requests)
             step_end = work.step_start + work.decode_step_s + in_step_s
         base = (
             t0
@@ -609,17 +622,24 @@ class CostModel:
         quiet = 0.25 * work.decode_step_s
         if now - work.last_chunk > (quiet if quiet > _STEP_GAP_S else _STEP_GAP_S):
             length = now - work.step_start
-            if length < _MAX_STEP_S:
+            if length < _MAX_STEP_S and not work.step_seeded:
                 lengths = work.step_lengths
                 lengths.append(length)
                 if len(lengths) > _STEP_HISTORY:
                     del lengths[0]
                 work.decode_step_s = min(lengths)
-            work.step_start = now
-            work.in_step_tokens = work.prefill_tokens
-            work.in_step_requests = work.prefilling
-            self._changed(work)
+            self._begin_step(work, now, seeded=False)
         work.last_chunk = now
+
+    def _begin_step(self, work: _PodWork, now: float, *, seeded: bool) -> None:
+        """The pod's next step begins now: every request in prefill is admitted in it or
+        waits behind it."""
+        work.step_start = now
+        work.steps += 1
+        work.step_seeded = seeded
+        work.in_step_tokens = work.prefill_tokens
+        work.in_step_requests = work.prefilling
+        self._changed(work)
 
     # -- a request's life -----------------------------------------------------------------
 
@@ -632,7 +652,9 @@ class CostModel:
         work = self._work(prediction.pod)
         now = self._clock()
         self._tickets += 1
-        ticket = Ticket(prediction.pod, prediction, now, streamed, learn, number=self._tickets)
+        ticket = Ticket(prediction.pod, prediction, now, streamed, learn, number=self._tickets,
+                        step=work.steps)  # fmt: skip
+        idle = not work.prefilling and not work.decoding
         work.activity = self._decayed_activity(work, now) + 1.0
         work.activity_at = now
         if opens:
@@ -641,7 +663,12 @@ class CostModel:
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
-        self._changed(work)
+        if idle:
+            # An idle engine begins a step as soon as a request arrives: this prefill is it,
+            # and the next request waits for what is left of it, not for all of it.
+            self._begin_step(work, now, seeded=True)
+        else:
+            self._changed(work)
         if not streamed:
             expected = ticket.started + prediction.ttft_s
             heapq.heappush(work.unobserved, (expected, ticket.number, ticket))
@@ -807,7 +834,7 @@ class CostModel:
         self._changed(work)
         work.prefill_tokens = max(0.0, work.prefill_tokens - own)
         work.prefilling = max(0, work.prefilling - 1)
-        if ticket.started < work.step_start:
+        if ticket.step < work.steps:  # sent before the current step began: in it
             work.in_step_tokens = max(0.0, work.in_step_tokens - own)
             work.in_step_requests = max(0, work.in_step_requests - 1)
         if work.prefilling == 0:

@@ -137,12 +137,48 @@ def test_queued_work_is_added_at_decision_and_leaves_at_first_byte() -> None:
     first = cost.start(cost.predict("p", 2000, 0.0), streamed=True)
     second = cost.start(cost.predict("p", 1000, 500.0), streamed=True)
     assert cost.outstanding("p") == (2500.0, 2, 0)
-    assert cost.predict("p", 100, 0.0).queued_tokens == 2500.0
+    # the first, sent to an idle pod, is in its step; the second waits behind it
+    queued = cost.predict("p", 100, 0.0)
+    assert (queued.in_step_tokens, queued.queued_tokens, queued.queued_requests) == (
+        2000.0,
+        500.0,
+        1.0,
+    )
     cost.first_byte(first)
     assert cost.outstanding("p") == (500.0, 1, 1)
     cost.finish(second)  # failed before its first byte
     cost.finish(first)
     assert cost.outstanding("p") == (0.0, 0, 0)
+
+
+def test_a_request_to_an_idle_pod_begins_a_step_the_next_one_waits_out() -> None:
+    """An idle engine starts a prefill as soon as the request arrives: a request sent
+    during it waits for what is left of that prefill, not for all of it; the prefill's
+    length is no decode step, and once it answers the next step holds the second."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    alone = cost.predict("p", 2000, 0.0).ttft_s
+    first = cost.start(cost.predict("p", 2000, 0.0), streamed=True)
+    behind = cost.predict("p", 500, 0.0)
+    assert behind.step_remaining_s == pytest.approx(alone)  # all of the first is left
+    clock.now += 0.75 * alone
+    later = cost.predict("p", 500, 0.0)
+    assert later.step_remaining_s == pytest.approx(0.25 * alone)
+    assert later.ttft_s == pytest.approx(behind.ttft_s - 0.75 * alone)
+    second = cost.start(later, streamed=True)
+    clock.now += 0.25 * alone
+    cost.pulse("p")  # the first's first token: the step it began has ended
+    cost.first_byte(first)
+    assert cost.predict("p", 10, 0.0).in_step_tokens == 500.0  # the second is in this one
+    clock.now += 0.05
+    cost.pulse("p")
+    cost.first_byte(second)
+    assert cost.outstanding("p") == (0.0, 0, 2)
+    clock.now += 0.02
+    cost.pulse("p")  # a decode step: the only length recorded, not the seeded prefill
+    assert cost.predict("p", 10, 0.0).step_remaining_s <= 0.02 + 1e-9
+    for ticket in (first, second):
+        cost.finish(ticket)
 
 
 def test_unstreamed_prefill_is_taken_as_done_at_its_predicted_time() -> None:
