@@ -1617,51 +1617,85 @@ static int read_doubles(PyObject *list, Py_ssize_t count, double *out) {
     return 1;
 }
 
-/* gateway.routing.cost.affine_costs, same operations in the same order. */
-static PyObject *native_affine_costs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
+/* The arguments affine_costs and affine_order share: four lists of `count` floats (read
+ * into one buffer, freed with PyMem_Free(values)) and three floats. */
+typedef struct {
+    Py_ssize_t count;
+    double *values;
+    double *bases, *units, *ends, *cached;
+    double prompt, step, now;
+} AffineArgs;
+
+/* Reads args[0..6] into `a`, with `extra` more doubles per pod in a.values after the four
+ * lists; 0 with an exception set otherwise (`name` and `signature` say which kernel). */
+static int read_affine_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expected,
+                            const char *name, const char *signature, Py_ssize_t extra,
+                            AffineArgs *a) {
+    if (nargs != expected || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
         !PyList_Check(args[2]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "affine_costs(bases: list, units: list, ends: list, cached: list, "
-                        "prompt_tokens, step_term, now)");
-        return NULL;
+        PyErr_SetString(PyExc_TypeError, signature);
+        return 0;
     }
     Py_ssize_t count = PyList_GET_SIZE(args[0]);
     if (PyList_GET_SIZE(args[1]) != count || PyList_GET_SIZE(args[2]) != count ||
         PyList_GET_SIZE(args[3]) != count) {
-        PyErr_SetString(PyExc_ValueError, "affine_costs: the four lists differ in length");
-        return NULL;
+        PyErr_Format(PyExc_ValueError, "%s: the four lists differ in length", name);
+        return 0;
     }
-    double prompt = PyFloat_AsDouble(args[4]), step = PyFloat_AsDouble(args[5]);
-    double now = PyFloat_AsDouble(args[6]);
+    a->prompt = PyFloat_AsDouble(args[4]);
+    a->step = PyFloat_AsDouble(args[5]);
+    a->now = PyFloat_AsDouble(args[6]);
     if (PyErr_Occurred()) {
+        return 0;
+    }
+    a->count = count;
+    a->values = PyMem_Malloc(sizeof(double) * (size_t)(4 + extra) * (size_t)(count ? count : 1));
+    if (a->values == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    a->bases = a->values;
+    a->units = a->values + count;
+    a->ends = a->values + 2 * count;
+    a->cached = a->values + 3 * count;
+    if (!read_doubles(args[0], count, a->bases) || !read_doubles(args[1], count, a->units) ||
+        !read_doubles(args[2], count, a->ends) || !read_doubles(args[3], count, a->cached)) {
+        PyMem_Free(a->values);
+        return 0;
+    }
+    return 1;
+}
+
+/* Pod i's TTFT and own prefill, as affine_costs computes them. */
+static inline double affine_ttft(const AffineArgs *a, Py_ssize_t i, double *prefill_out) {
+    double own = a->prompt - a->cached[i];
+    double prefill = own > 0.0 ? a->units[i] * own : 0.0;
+    double remaining = a->ends[i] - a->now;
+    double ttft = a->bases[i] + prefill;
+    if (remaining > 0.0) {
+        double wait = a->step * remaining; /* kept apart: no fused multiply-add */
+        ttft = a->bases[i] + prefill + wait;
+    }
+    *prefill_out = prefill;
+    return ttft;
+}
+
+/* gateway.routing.cost.affine_costs, same operations in the same order. */
+static PyObject *native_affine_costs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    AffineArgs a;
+    if (!read_affine_args(args, nargs, 7, "affine_costs",
+                          "affine_costs(bases: list, units: list, ends: list, cached: list, "
+                          "prompt_tokens, step_term, now)",
+                          0, &a)) {
         return NULL;
     }
-    double *values = PyMem_Malloc(sizeof(double) * 4 * (size_t)(count ? count : 1));
-    if (values == NULL) {
-        return PyErr_NoMemory();
-    }
-    double *bases = values, *units = values + count, *ends = values + 2 * count;
-    double *cached = values + 3 * count;
-    PyObject *ttfts = NULL, *prefills = NULL, *result = NULL;
-    if (!read_doubles(args[0], count, bases) || !read_doubles(args[1], count, units) ||
-        !read_doubles(args[2], count, ends) || !read_doubles(args[3], count, cached)) {
-        goto done;
-    }
-    ttfts = PyList_New(count);
-    prefills = PyList_New(count);
+    PyObject *ttfts = PyList_New(a.count), *prefills = PyList_New(a.count), *result = NULL;
     if (ttfts == NULL || prefills == NULL) {
         goto done;
     }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        double own = prompt - cached[i];
-        double prefill = own > 0.0 ? units[i] * own : 0.0;
-        double remaining = ends[i] - now;
-        double ttft = bases[i] + prefill;
-        if (remaining > 0.0) {
-            double wait = step * remaining; /* kept apart: no fused multiply-add */
-            ttft = bases[i] + prefill + wait;
-        }
+    for (Py_ssize_t i = 0; i < a.count; i++) {
+        double prefill;
+        double ttft = affine_ttft(&a, i, &prefill);
         PyObject *boxed_ttft = PyFloat_FromDouble(ttft);
         PyObject *boxed_prefill = PyFloat_FromDouble(prefill);
         if (boxed_ttft == NULL || boxed_prefill == NULL) {
@@ -1676,7 +1710,7 @@ static PyObject *native_affine_costs(PyObject *module, PyObject *const *args, Py
 done:
     Py_XDECREF(ttfts);
     Py_XDECREF(prefills);
-    PyMem_Free(values);
+    PyMem_Free(a.values);
     return result;
 }
 
@@ -1777,6 +1811,20 @@ typedef struct {
     Py_ssize_t index;
 } Ranked;
 
+/* The indices of `ranked`, in its order, as a list of ints (NULL with an exception set). */
+static PyObject *ranked_indices(const Ranked *ranked, Py_ssize_t count) {
+    PyObject *order = PyList_New(count);
+    for (Py_ssize_t i = 0; order != NULL && i < count; i++) {
+        PyObject *index = PyLong_FromSsize_t(ranked[i].index);
+        if (index == NULL) {
+            Py_CLEAR(order);
+            break;
+        }
+        PyList_SET_ITEM(order, i, index);
+    }
+    return order;
+}
+
 static int compare_ranked(const void *a, const void *b) {
     const Ranked *x = a, *y = b;
     if (x->value < y->value) return -1;
@@ -1806,15 +1854,7 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
     }
     PyMem_Free(read);
     qsort(ranked, (size_t)count, sizeof(Ranked), compare_ranked);
-    PyObject *order = PyList_New(count);
-    for (Py_ssize_t i = 0; order != NULL && i < count; i++) {
-        PyObject *index = PyLong_FromSsize_t(ranked[i].index);
-        if (index == NULL) {
-            Py_CLEAR(order);
-            break;
-        }
-        PyList_SET_ITEM(order, i, index);
-    }
+    PyObject *order = ranked_indices(ranked, count);
     PyMem_Free(ranked);
     return order;
 }
@@ -1825,48 +1865,27 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
  * cost-model picker ranks by when nothing but the TTFT counts, in one pass and without a
  * list of costs. */
 static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8 || !PyList_Check(args[0]) || !PyList_Check(args[1]) ||
-        !PyList_Check(args[2]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "affine_order(bases: list, units: list, ends: list, cached: list, "
-                        "prompt_tokens, step_term, now, tolerance)");
+    AffineArgs a;
+    if (!read_affine_args(args, nargs, 8, "affine_order",
+                          "affine_order(bases: list, units: list, ends: list, cached: list, "
+                          "prompt_tokens, step_term, now, tolerance)",
+                          1, &a)) {
         return NULL;
     }
-    Py_ssize_t count = PyList_GET_SIZE(args[0]);
-    if (PyList_GET_SIZE(args[1]) != count || PyList_GET_SIZE(args[2]) != count ||
-        PyList_GET_SIZE(args[3]) != count) {
-        PyErr_SetString(PyExc_ValueError, "affine_order: the four lists differ in length");
-        return NULL;
-    }
-    double prompt = PyFloat_AsDouble(args[4]), step = PyFloat_AsDouble(args[5]);
-    double now = PyFloat_AsDouble(args[6]), tolerance = PyFloat_AsDouble(args[7]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    size_t size = (size_t)(count ? count : 1);
-    double *values = PyMem_Malloc(sizeof(double) * 5 * size);
-    Ranked *ranked = PyMem_Malloc(sizeof(Ranked) * size);
+    double tolerance = PyFloat_AsDouble(args[7]);
+    Py_ssize_t count = a.count;
+    double *cached = a.cached, *ttfts = a.values + 4 * count;
+    Ranked *ranked = PyMem_Malloc(sizeof(Ranked) * (size_t)(count ? count : 1));
     PyObject *order = NULL, *result = NULL;
-    if (values == NULL || ranked == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    double *bases = values, *units = values + count, *ends = values + 2 * count;
-    double *cached = values + 3 * count, *ttfts = values + 4 * count;
-    if (!read_doubles(args[0], count, bases) || !read_doubles(args[1], count, units) ||
-        !read_doubles(args[2], count, ends) || !read_doubles(args[3], count, cached)) {
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < count; i++) { /* affine_costs' operations, in its order */
-        double own = prompt - cached[i];
-        double prefill = own > 0.0 ? units[i] * own : 0.0;
-        double remaining = ends[i] - now;
-        double ttft = bases[i] + prefill;
-        if (remaining > 0.0) {
-            double wait = step * remaining;
-            ttft = bases[i] + prefill + wait;
+    if (ranked == NULL || (tolerance == -1.0 && PyErr_Occurred())) {
+        if (ranked == NULL) {
+            PyErr_NoMemory();
         }
-        ttfts[i] = ttft;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double prefill;
+        double ttft = ttfts[i] = affine_ttft(&a, i, &prefill);
         ranked[i].value = ttft == ttft ? ttft : Py_HUGE_VAL; /* NaN last */
         ranked[i].index = i;
     }
@@ -1892,21 +1911,13 @@ static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py
             equal++;
         }
     }
-    order = PyList_New(count);
-    for (Py_ssize_t i = 0; order != NULL && i < count; i++) {
-        PyObject *index = PyLong_FromSsize_t(ranked[i].index);
-        if (index == NULL) {
-            Py_CLEAR(order);
-            break;
-        }
-        PyList_SET_ITEM(order, i, index);
-    }
+    order = ranked_indices(ranked, count);
     if (order != NULL) {
         result = Py_BuildValue("(Onn)", order, ties, equal);
     }
 done:
     Py_XDECREF(order);
-    PyMem_Free(values);
+    PyMem_Free(a.values);
     PyMem_Free(ranked);
     return result;
 }
