@@ -122,14 +122,13 @@ class RequestIds:
             "ttft_ms": ttft_ms,
             "duration_ms": round(duration_ms, 3),
         }
-        if outcome is not None:
-            fields["outcome"] = outcome  # the answer did not end normally (cut, client gone)
         text = (
             f"status={_shown(answer.status)} pod={_shown(answer.pod)} "
             f"policy={_shown(answer.policy)} cached_blocks={_shown(answer.cached_blocks)} "
             f"ttft_ms={_shown(ttft_ms)} duration_ms={fields['duration_ms']}"
         )
-        if outcome is not None:
+        if outcome is not None:  # the answer did not end normally (cut, client gone)
+            fields["outcome"] = outcome
             text += f" outcome={outcome}"
         access_logger.log(level, "%s %s %s", fields["method"], path, text,
                           extra={ACCESS_FIELDS: fields, "pod": answer.pod})  # fmt: skip
