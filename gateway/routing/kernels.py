@@ -54,17 +54,30 @@ def affine_order(
     order = argsort(ttfts)
     if not order:
         return order, 0, 0
-    limit = ttfts[order[0]] * (1.0 + tolerance)
+    ties = near_ties(order, ttfts, tolerance)
+    return order, ties, most_cached_first(order, ties, cached)
+
+
+def near_ties(order: list[int], costs: list[float], tolerance: float) -> int:
+    """How many of `order` (indices of `costs`, ascending, not empty) are within
+    `tolerance` of the first's cost: at least one."""
+    limit = costs[order[0]] * (1.0 + tolerance)
     ties = 1
-    while ties < len(order) and ttfts[order[ties]] <= limit:
+    while ties < len(order) and costs[order[ties]] <= limit:
         ties += 1
+    return ties
+
+
+def most_cached_first(order: list[int], ties: int, cached: list[float]) -> int:
+    """Puts the first `ties` of `order` in descending order of `cached` (equal ones as they
+    were), in place; returns how many of them hold as much as the first."""
     head = order[:ties]
     head.sort(key=cached.__getitem__, reverse=True)  # stable: equal ones keep their order
     order[:ties] = head
     equal = 1
     while equal < ties and cached[head[equal]] == cached[head[0]]:
         equal += 1
-    return order, ties, equal
+    return equal
 
 
 @dataclass(frozen=True, slots=True)

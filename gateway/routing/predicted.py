@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from gateway.errors import SloUnreachable
 from gateway.registry import PodState
 from gateway.routing.cost import CostModel, Prediction
+from gateway.routing.kernels import most_cached_first, near_ties
 from gateway.routing.request import RoutingRequest
 from indexer import MatchResult, Tier
 
@@ -203,30 +204,23 @@ class MinPredictedTtftPicker:
                     order.remove(home)
                     return [pods[home], *(pods[i] for i in order)]
         tolerance = self.placement_tolerance if placing else self.tie_tolerance
-        limit = costs[order[0]] * (1.0 + tolerance)
-        ties = 1
-        while ties < len(order) and costs[order[ties]] <= limit:
-            ties += 1
+        ties = near_ties(order, costs, tolerance)
         if ties > 1:
-            head = order[:ties]
             if placing:
                 # The least loaded for its speed: a pod twice as slow carries half as much.
                 load = (
                     self._cost.carried if self.placement_key == "conversations" else self._cost.load
                 )
+                head = order[:ties]
                 self._rng.shuffle(head)  # equals in load and match: none favoured by place
                 head.sort(key=lambda i: (round(load(names[i]), 1), -cached[i]))
+                order[:ties] = head
             else:
                 # Near-equal predictions: keep the cache warm where it already is; among pods
                 # that hold as much, a random one (none is favoured by its place in the list).
-                head.sort(key=cached.__getitem__, reverse=True)
-                most = cached[head[0]]
-                equal = 1
-                while equal < ties and cached[head[equal]] == most:
-                    equal += 1
+                equal = most_cached_first(order, ties, cached)
                 if equal > 1:
-                    head.insert(0, head.pop(self._rng.randrange(equal)))
-            order[:ties] = head
+                    order.insert(0, order.pop(self._rng.randrange(equal)))
         return [pods[i] for i in order]
 
     def _probed(self, order: list[int], names: Sequence[str]) -> int | None:
