@@ -9,8 +9,9 @@
  *   re-insertion behave as a dict's, so both paths of the index give identical answers.
  * - match_walk: the prefix match's walk over a U64Map of holder masks.
  * - held_from_ends: the tokens each candidate holds, from a match's ends.
- * - affine_costs, argsort: the routing cost model's passes over a decision's candidates
- *   (not the index's, but as hot: they run per decision over every pod).
+ * - affine_costs, argsort, affine_order: the routing cost model's passes over a decision's
+ *   candidates (not the index's, but as hot: they run per decision over every pod), and
+ *   pod_estimate, its estimate of one pod (run on every change of a pod's work).
  *
  * Memory comes from PyMem_* so tracemalloc (the benchmarks' measure) sees all of it.
  */
@@ -1922,6 +1923,218 @@ done:
     return result;
 }
 
+/* -- the cost model's estimate of one pod --------------------------------------------- */
+
+/* The attributes pod_estimate reads of a pod's work (gateway/routing/cost.py's _PodWork),
+ * interned once per process like the slot secret. */
+enum {
+    W_PREFILLING, W_IN_STEP_TOKENS, W_IN_STEP_REQUESTS, W_PREFILL_TOKENS, W_DECODING,
+    W_AT_SCRAPE, W_STEP_SEEDED, W_MEAN_TOKENS, W_SPEED, W_STEP_START, W_DECODE_STEP_S,
+    W_VERSION, W_ESTIMATE, W_FACTOR, W_NAMES
+};
+static const char *const work_attribute_names[W_NAMES] = {
+    "prefilling", "in_step_tokens", "in_step_requests", "prefill_tokens", "decoding",
+    "at_scrape", "step_seeded", "mean_tokens", "speed", "step_start", "decode_step_s",
+    "version", "estimate", "factor",
+};
+static PyObject *work_attributes[W_NAMES];
+
+static int intern_work_attributes(void) {
+    for (int i = 0; i < W_NAMES; i++) {
+        if (work_attributes[i] == NULL) {
+            work_attributes[i] = PyUnicode_InternFromString(work_attribute_names[i]);
+            if (work_attributes[i] == NULL) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* obj.<attribute> as a double (an int or a float); 0 with an exception set otherwise. */
+static int attribute_double(PyObject *obj, int attribute, double *out) {
+    PyObject *value = PyObject_GetAttr(obj, work_attributes[attribute]);
+    if (value == NULL) {
+        return 0;
+    }
+    double d = PyFloat_AsDouble(value);
+    Py_DECREF(value);
+    if (d == -1.0 && PyErr_Occurred()) {
+        return 0;
+    }
+    *out = d;
+    return 1;
+}
+
+/* gateway.routing.kernels.pod_estimate, same operations in the same order (the counts are
+ * ints there: exact as doubles up to 2**53). */
+static PyObject *native_pod_estimate(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 7 ||
+        !PyType_Check(args[7]) || !PyType_IsSubtype((PyTypeObject *)args[7], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "pod_estimate(work, theta: 7-tuple, typical_speed, theta_version, "
+                        "scraped_at, running, waiting, make: a tuple type)");
+        return NULL;
+    }
+    PyObject *work = args[0], *theta_version = args[3], *scraped_at = args[4];
+    PyTypeObject *make = (PyTypeObject *)args[7];
+    double theta[7];
+    for (int i = 0; i < 7; i++) {
+        theta[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(args[1], i));
+    }
+    double typical_speed = PyFloat_AsDouble(args[2]);
+    double running = PyFloat_AsDouble(args[5]);
+    double waiting = PyFloat_AsDouble(args[6]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    double t0 = theta[0], t1 = theta[1], t2 = theta[2], t3 = theta[3], t4 = theta[4];
+    double t6 = theta[6];
+    double prefilling, in_step, in_step_requests, prefill_tokens, decoding_count;
+    if (!attribute_double(work, W_PREFILLING, &prefilling) ||
+        !attribute_double(work, W_IN_STEP_TOKENS, &in_step) ||
+        !attribute_double(work, W_IN_STEP_REQUESTS, &in_step_requests) ||
+        !attribute_double(work, W_PREFILL_TOKENS, &prefill_tokens) ||
+        !attribute_double(work, W_DECODING, &decoding_count)) {
+        return NULL;
+    }
+    double pending = prefill_tokens - in_step;
+    double pending_requests = prefilling - in_step_requests;
+    double decoding = decoding_count;
+    int busy = prefilling != 0.0 || decoding_count != 0.0;
+    PyObject *version = NULL, *estimate = NULL;
+    if (scraped_at != Py_None) {
+        PyObject *at_scrape = PyObject_GetAttr(work, work_attributes[W_AT_SCRAPE]);
+        if (at_scrape == NULL) {
+            return NULL;
+        }
+        if (!PyTuple_Check(at_scrape) || PyTuple_GET_SIZE(at_scrape) != 3) {
+            Py_DECREF(at_scrape);
+            PyErr_SetString(PyExc_TypeError, "pod_estimate: work.at_scrape is not a 3-tuple");
+            return NULL;
+        }
+        int differs = PyObject_RichCompareBool(PyTuple_GET_ITEM(at_scrape, 0), scraped_at, Py_NE);
+        if (differs < 0) {
+            Py_DECREF(at_scrape);
+            return NULL;
+        }
+        if (differs) { /* not noted by the scraper: first sight */
+            PyObject *ours_prefilling = PyObject_GetAttr(work, work_attributes[W_PREFILLING]);
+            PyObject *ours_decoding = PyObject_GetAttr(work, work_attributes[W_DECODING]);
+            PyObject *noted = NULL;
+            if (ours_prefilling != NULL && ours_decoding != NULL) {
+                noted = PyTuple_Pack(3, scraped_at, ours_prefilling, ours_decoding);
+            }
+            Py_XDECREF(ours_prefilling);
+            Py_XDECREF(ours_decoding);
+            Py_DECREF(at_scrape);
+            if (noted == NULL || PyObject_SetAttr(work, work_attributes[W_AT_SCRAPE], noted) < 0) {
+                Py_XDECREF(noted);
+                return NULL;
+            }
+            at_scrape = noted;
+        }
+        double ours_prefilling = PyFloat_AsDouble(PyTuple_GET_ITEM(at_scrape, 1));
+        double ours_decoding = PyFloat_AsDouble(PyTuple_GET_ITEM(at_scrape, 2));
+        Py_DECREF(at_scrape);
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+        double others = running + waiting - ours_prefilling - ours_decoding;
+        if (others > 0.0 && others != Py_HUGE_VAL) { /* (NaN fails the first test) */
+            double free_waiting = waiting - ours_prefilling;
+            double waiting_beyond = free_waiting > 0.0 ? free_waiting : 0.0;
+            double others_waiting = waiting_beyond < others ? waiting_beyond : others;
+            double mean_tokens;
+            if (!attribute_double(work, W_MEAN_TOKENS, &mean_tokens)) {
+                return NULL;
+            }
+            double queued = others_waiting * mean_tokens;
+            pending += queued;
+            pending_requests += others_waiting;
+            decoding += others - others_waiting;
+            busy = 1;
+            PyObject *seeded = PyObject_GetAttr(work, work_attributes[W_STEP_SEEDED]);
+            int is_seeded = seeded == NULL ? -1 : PyObject_IsTrue(seeded);
+            Py_XDECREF(seeded);
+            if (is_seeded < 0) {
+                return NULL;
+            }
+            if (is_seeded) { /* not idle after all: ours queued behind theirs */
+                pending += in_step;
+                pending_requests += in_step_requests;
+                in_step = 0.0;
+                in_step_requests = 0.0;
+            }
+        }
+    }
+    double speed = typical_speed;
+    PyObject *own_speed = PyObject_GetAttr(work, work_attributes[W_SPEED]);
+    if (own_speed == NULL) {
+        return NULL;
+    }
+    int have_speed = own_speed != Py_None;
+    int read = have_speed ? attribute_double(own_speed, W_FACTOR, &speed) : 1;
+    Py_DECREF(own_speed);
+    if (!read) {
+        return NULL;
+    }
+    double step_end = -Py_HUGE_VAL;
+    if (busy) {
+        double step_start, decode_step_s;
+        if (!attribute_double(work, W_STEP_START, &step_start) ||
+            !attribute_double(work, W_DECODE_STEP_S, &decode_step_s)) {
+            return NULL;
+        }
+        double in_step_prefill = t1 * in_step / 1000.0; /* kept apart: no fused multiply-add */
+        double in_step_overhead = t0 * in_step_requests;
+        double in_step_s = speed * (in_step_prefill + in_step_overhead);
+        double begun = step_start + decode_step_s;
+        step_end = begun + in_step_s;
+    }
+    double pending_term = t1 * pending / 1000.0;
+    double requests_term = t2 * pending_requests / 10.0;
+    double decoding_term = t3 * decoding / 10.0;
+    double in_step_term = t6 * in_step / 1000.0;
+    double base = t0 + pending_term;
+    base = base + requests_term;
+    base = base + decoding_term;
+    base = base + (busy ? t4 : 0.0);
+    base = base + in_step_term;
+    double unit = speed * t1;
+    double values[10] = {
+        speed * base, unit / 1000.0, step_end, pending, pending_requests, decoding,
+        busy ? 1.0 : 0.0, in_step, speed, 0.0,
+    };
+    version = PyObject_GetAttr(work, work_attributes[W_VERSION]);
+    if (version == NULL) {
+        return NULL;
+    }
+    estimate = make->tp_alloc(make, 12);
+    if (estimate == NULL) {
+        Py_DECREF(version);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(estimate, 0, version);
+    Py_INCREF(theta_version);
+    PyTuple_SET_ITEM(estimate, 1, theta_version);
+    Py_INCREF(scraped_at);
+    PyTuple_SET_ITEM(estimate, 2, scraped_at);
+    for (int i = 0; i < 9; i++) {
+        PyObject *boxed = PyFloat_FromDouble(values[i]);
+        if (boxed == NULL) {
+            Py_DECREF(estimate);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(estimate, 3 + i, boxed);
+    }
+    if (PyObject_SetAttr(work, work_attributes[W_ESTIMATE], estimate) < 0) {
+        Py_DECREF(estimate);
+        return NULL;
+    }
+    return estimate;
+}
+
 /* -- module --------------------------------------------------------------------------- */
 
 static PyMethodDef module_methods[] = {
@@ -1934,6 +2147,7 @@ static PyMethodDef module_methods[] = {
      NULL},
     {"argsort", (PyCFunction)native_argsort, METH_O, NULL},
     {"affine_order", (PyCFunction)(void (*)(void))native_affine_order, METH_FASTCALL, NULL},
+    {"pod_estimate", (PyCFunction)(void (*)(void))native_pod_estimate, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1972,7 +2186,7 @@ static int draw_slot_secret(void) {
 }
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (draw_slot_secret() < 0 || PyType_Ready(&U64MapType) < 0 ||
+    if (draw_slot_secret() < 0 || intern_work_attributes() < 0 || PyType_Ready(&U64MapType) < 0 ||
         PyType_Ready(&U64MapIterType) < 0 || PyType_Ready(&StampViewType) < 0) {
         return NULL;
     }

@@ -1,11 +1,12 @@
 """Types of the compiled primitives (indexer/_native.c); see indexer/native.py."""
 
 from collections.abc import Iterator, Sequence
-from typing import Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 _T = TypeVar("_T")
+_E = TypeVar("_E", bound=tuple[Any, ...])
 
 def xxh64(data: bytes, seed: int, /) -> int: ...
 def chain(parent: int, token_ids: Sequence[int], block_size: int, /) -> list[int]: ...
@@ -44,6 +45,17 @@ def affine_order(
     tolerance: float,
     /,
 ) -> tuple[list[int], int, int]: ...
+def pod_estimate(
+    work: Any,
+    theta: tuple[float, ...],
+    typical_speed: float,
+    theta_version: int,
+    scraped_at: float | None,
+    running: float,
+    waiting: float,
+    make: type[_E],
+    /,
+) -> _E: ...
 
 class U64Map(Generic[_K, _V]):
     """An insertion-ordered mapping storing unsigned 64-bit int keys and values unboxed."""

@@ -85,6 +85,26 @@ AffineOrder = Callable[
 """(bases, units, step ends, cached tokens, prompt tokens, step term, now, tolerance) ->
 (order, ties, equal): `gateway.routing.kernels.affine_order`."""
 
+_E = TypeVar("_E", bound=tuple[Any, ...])
+
+
+class PodEstimate(Protocol):
+    """`gateway.routing.kernels.pod_estimate`: (a pod's work, θ, typical speed, θ's version,
+    scraped at, running, waiting, the estimate's tuple type) -> its estimate."""
+
+    def __call__(
+        self,
+        work: Any,
+        theta: tuple[float, ...],
+        typical_speed: float,
+        theta_version: int,
+        scraped_at: float | None,
+        running: float,
+        waiting: float,
+        make: type[_E],
+        /,
+    ) -> _E: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Native:
@@ -105,6 +125,7 @@ class Native:
     affine_costs: AffineCosts
     argsort: Argsort
     affine_order: AffineOrder
+    pod_estimate: PodEstimate
     """The routing decision's kernels (`gateway/routing/kernels.py`): not the index's, but
     as hot."""
 
@@ -136,4 +157,5 @@ def load_native(pure: bool | None = None) -> Native | None:
         affine_costs=_native.affine_costs,
         argsort=_native.argsort,
         affine_order=_native.affine_order,
+        pod_estimate=_native.pod_estimate,
     )

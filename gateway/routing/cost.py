@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from gateway.routing.kernels import SEQ_UNIT as _SEQ_UNIT
+from gateway.routing.kernels import TOKEN_UNIT as _TOKEN_UNIT
 from gateway.routing.kernels import Kernels
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
 
@@ -55,8 +57,6 @@ __all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
 
 _EXPORT_VERSION = 2
 """2: one fleet model and a speed per pod (1 was a full model per pod: refused)."""
-_TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
-_SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 _MAX_PODS = 4096
 _STALE_S = 10.0
 """An idle pod with no answer for this long is `stale`: the picker probes it now and then."""
@@ -192,11 +192,6 @@ class _Ranking:
         self.epoch = epoch
         self.theta_version = theta_version
         self.position = position
-
-    def update(self, at: int, estimate: _Estimate) -> None:
-        self.bases[at] = estimate.base_s
-        self.units[at] = estimate.unit_s
-        self.ends[at] = estimate.step_end
 
 
 @dataclass(slots=True)
@@ -412,15 +407,37 @@ class CostModel:
             # kept as a tuple: the registry's cached candidates are one, compared by identity
             ranking = self._ranking(key, tuple(pods), scraped, now)
         elif ranking.position < len(self._changes):
-            index, estimate, update = ranking.index, self._estimate, ranking.update
-            for work in {id(w): w for w in self._changes[ranking.position :]}.values():
-                at = index.get(work.name)
-                if at is not None:
-                    pod = pods[at]
-                    update(at, estimate(self._work(work.name), pod.scraped_at, pod.running,
-                                        pod.waiting))  # fmt: skip
-            ranking.position = len(self._changes)
+            self._refresh(ranking, pods)
         return ranking, now
+
+    def _refresh(self, ranking: _Ranking, pods: Sequence[ScrapedPod]) -> None:
+        """`ranking`'s terms of the pods whose work changed since it was last refreshed
+        (a pod changed twice, or estimated since by another decision, is not estimated
+        again)."""
+        changes = self._changes
+        index, works, work_for = ranking.index, self._pods, self._work
+        bases, units, ends = ranking.bases, ranking.units, ranking.ends
+        estimate, theta, speed = self.kernels.pod_estimate, self._theta, self._typical_speed
+        version = self._theta_version
+        for changed in changes[ranking.position :]:
+            name = changed.name
+            at = index.get(name)
+            if at is None:
+                continue
+            work = works.get(name) or work_for(name)
+            pod = pods[at]
+            scraped_at = pod.scraped_at
+            e = work.estimate
+            if (
+                e is None
+                or e[0] != work.version  # (the fields by index: a NamedTuple's names are
+                or e[1] != version  # Python properties)
+                or e[2] != scraped_at
+            ):
+                e = estimate(work, theta, speed, version, scraped_at, pod.running, pod.waiting,
+                             _Estimate)  # fmt: skip
+            bases[at], units[at], ends[at] = e[3], e[4], e[5]
+        ranking.position = len(changes)
 
     def _ranking(
         self,
@@ -503,53 +520,12 @@ class CostModel:
     def _estimate(
         self, work: _PodWork, scraped_at: float | None, running: float, waiting: float
     ) -> _Estimate:
-        """What the pod's TTFT is made of, whatever the request's prompt."""
-        t0, t1, t2, t3, t4, _, t6 = self._theta
-        prefilling = work.prefilling
-        in_step = work.in_step_tokens
-        in_step_requests = work.in_step_requests
-        pending = work.prefill_tokens - in_step
-        pending_requests = float(prefilling - in_step_requests)
-        decoding = float(work.decoding)
-        busy = bool(prefilling or work.decoding)
-        if scraped_at is not None:
-            at_scrape = work.at_scrape
-            if at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
-                at_scrape = work.at_scrape = (scraped_at, prefilling, work.decoding)
-            ours_prefilling = at_scrape[1]
-            # The engine counts every replica's requests; ours in prefill may be running
-            # or waiting there, so only what exceeds all of ours is another replica's.
-            others = running + waiting - ours_prefilling - at_scrape[2]
-            if others > 0.0 and others != math.inf:  # (NaN fails the first test)
-                others_waiting = min(others, max(0.0, waiting - ours_prefilling))
-                pending += others_waiting * work.mean_tokens
-                pending_requests += others_waiting
-                decoding += others - others_waiting
-                busy = True
-                if work.step_seeded:  # not idle after all: ours queued behind theirs
-                    pending += in_step
-                    pending_requests += in_step_requests
-                    in_step, in_step_requests = 0.0, 0
-        speed = self._typical_speed if work.speed is None else work.speed.factor
-        step_end = -math.inf
-        if busy:
-            in_step_s = speed * (t1 * in_step / _TOKEN_UNIT + t0 * in_step_requests)
-            step_end = work.step_start + work.decode_step_s + in_step_s
-        base = (
-            t0
-            + t1 * pending / _TOKEN_UNIT
-            + t2 * pending_requests / _SEQ_UNIT
-            + t3 * decoding / _SEQ_UNIT
-            + (t4 if busy else 0.0)
-            + t6 * in_step / _TOKEN_UNIT
-        )
-        values = (
-            work.version, self._theta_version, scraped_at, speed * base,
-            speed * t1 / _TOKEN_UNIT, step_end, pending, pending_requests, decoding,
-            1.0 if busy else 0.0, in_step, speed,
+        """What the pod's TTFT is made of, whatever the request's prompt
+        (`kernels.pod_estimate`, compiled where built)."""
+        return self.kernels.pod_estimate(
+            work, self._theta, self._typical_speed, self._theta_version, scraped_at, running,
+            waiting, _Estimate,
         )  # fmt: skip
-        e = work.estimate = tuple.__new__(_Estimate, values)  # NamedTuple's __new__ is Python
-        return e
 
     def typical_speed(self) -> float:
         """The answered pods' typical speed (geometric mean): a new pod's until it answers."""

@@ -12,6 +12,14 @@ from gateway.registry import PodState
 from gateway.routing.request import RoutingRequest
 
 
+_MAX_MODELS = 1024
+"""Models whose candidates' order a round-robin picker keeps (its turns are per model too)."""
+
+
+def _name(pod: PodState) -> str:
+    return pod.name
+
+
 class Picker(Protocol):
     name: str
     uses_prefix: bool
@@ -61,13 +69,25 @@ class RoundRobinPicker:
 
     def __init__(self) -> None:
         self._turns: dict[str, itertools.count[int]] = {}
+        self._orders: dict[str, tuple[Sequence[PodState], list[PodState]]] = {}
+        """Per model, the last candidates seen and their order by name: the registry hands
+        out the same tuple until a pod comes, goes or changes health, so most decisions
+        sort nothing."""
 
     def rank(
         self, request: RoutingRequest, pods: Sequence[PodState], scores: Mapping[str, float]
     ) -> list[PodState]:
         if not pods:
             return []
-        ordered = sorted(pods, key=lambda pod: pod.name)
+        known = self._orders.get(request.model)
+        if known is not None and known[0] is pods:
+            ordered = known[1]
+        else:
+            ordered = sorted(pods, key=_name)
+            if isinstance(pods, tuple):  # immutable: safe to recognise by identity
+                if len(self._orders) >= _MAX_MODELS:
+                    self._orders.clear()
+                self._orders[request.model] = (pods, ordered)
         turn = next(self._turns.setdefault(request.model, itertools.count()))
         start = turn % len(ordered)
         return ordered[start:] + ordered[:start]

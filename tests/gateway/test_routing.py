@@ -269,6 +269,19 @@ def test_round_robin_takes_turns_per_model() -> None:
     assert picker.rank(bare_request("m3"), [], {}) == []
 
 
+def test_round_robin_follows_a_new_candidate_tuple() -> None:
+    """The order by name is kept for the registry's cached tuple and taken anew when a new
+    tuple (a pod came or went) or a list arrives."""
+    picker = RoundRobinPicker()
+    three = (pod("c"), pod("a"), pod("b"))
+    assert [p.name for p in picker.rank(bare_request(), three, {})] == ["a", "b", "c"]
+    assert [p.name for p in picker.rank(bare_request(), three, {})] == ["b", "c", "a"]
+    four = (pod("d"), *three)
+    assert [p.name for p in picker.rank(bare_request(), four, {})] == ["c", "d", "a", "b"]
+    assert [p.name for p in picker.rank(bare_request(), [pod("z"), pod("y")], {})] == ["z", "y"]
+    assert [p.name for p in picker.rank(bare_request(), three, {})] == ["b", "c", "a"]
+
+
 def test_session_sticks_to_its_first_pod() -> None:
     picker = SessionPicker(MaxScorePicker(random.Random(0)))
     pods = [pod("a"), pod("b"), pod("c")]

@@ -8,7 +8,9 @@ import random
 import pytest
 
 from gateway.routing import kernels
+from gateway.routing.cost import _Estimate, _PodWork
 from gateway.routing.kernels import Kernels
+from gateway.routing.ttft_model import PodSpeed
 
 
 @pytest.fixture
@@ -79,3 +81,57 @@ def test_affine_order_is_the_pure_one(compiled: Kernels) -> None:
     assert order == ([2, 1, 0, 3], 2, 1)
     with pytest.raises(ValueError, match="differ in length"):
         compiled.affine_order([1.0], [1.0], [1.0], [], 1.0, 1.0, 0.0, 0.05)
+
+
+def _random_work(rng: random.Random, scraped_at: float | None) -> _PodWork:
+    work = _PodWork("pod-a")
+    work.prefilling = rng.randrange(4)
+    work.prefill_tokens = rng.choice((0.0, rng.uniform(0.0, 5000.0)))
+    work.in_step_requests = rng.randrange(work.prefilling + 1)
+    work.in_step_tokens = rng.uniform(0.0, work.prefill_tokens)
+    work.decoding = rng.randrange(3)
+    work.step_seeded = rng.random() < 0.5
+    work.mean_tokens = rng.uniform(0.0, 3000.0)
+    work.step_start = rng.uniform(0.0, 10.0)
+    work.decode_step_s = rng.uniform(0.0, 0.05)
+    work.version = rng.randrange(100)
+    if rng.random() < 0.5:
+        work.speed = PodSpeed(rng.uniform(-1.0, 1.0), 3)
+    if rng.random() < 0.5:  # noted by the scraper already (else: first sight)
+        work.at_scrape = (scraped_at, rng.randrange(4), rng.randrange(3))
+    return work
+
+
+def test_pod_estimate_is_the_pure_one(compiled: Kernels) -> None:
+    """Every branch (scraped or not, other replicas' work or not, a seeded step, a pod with
+    its own speed or the typical one): the same estimate to the last bit, and the same
+    scrape noted on the work."""
+    rng = random.Random(11)
+    for _ in range(2000):
+        theta = tuple(rng.uniform(0.0, 0.5) for _ in range(7))
+        scraped_at = rng.choice((None, rng.uniform(0.0, 10.0)))
+        running = float(rng.randrange(6))
+        waiting = rng.choice((0.0, float(rng.randrange(6)), math.inf, math.nan))
+        seed = rng.random()
+        works = [_random_work(random.Random(seed), scraped_at) for _ in range(2)]
+        args = (theta, rng.uniform(0.5, 2.0), rng.randrange(9), scraped_at, running, waiting)
+        pure = kernels.pod_estimate(works[0], *args, _Estimate)
+        built = compiled.pod_estimate(works[1], *args, _Estimate)
+        assert type(built) is _Estimate
+        assert built == pure or str(built) == str(pure)  # (NaN is unequal to itself)
+        assert works[1].estimate is built and works[0].estimate is pure
+        assert works[1].at_scrape == works[0].at_scrape
+
+
+def test_pod_estimate_refuses_what_it_cannot_read(compiled: Kernels) -> None:
+    work = _PodWork("pod-a")
+    theta = (0.0,) * 7
+    with pytest.raises(TypeError, match="7-tuple"):
+        compiled.pod_estimate(work, (0.0,) * 6, 1.0, 0, None, 0.0, 0.0, _Estimate)
+    with pytest.raises(TypeError, match="tuple type"):
+        compiled.pod_estimate(work, theta, 1.0, 0, None, 0.0, 0.0, dict)  # type: ignore[type-var]
+    with pytest.raises(AttributeError):
+        compiled.pod_estimate(object(), theta, 1.0, 0, None, 0.0, 0.0, _Estimate)
+    work.at_scrape = "no tuple"  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="at_scrape"):
+        compiled.pod_estimate(work, theta, 1.0, 0, 1.0, 0.0, 0.0, _Estimate)
