@@ -11,7 +11,6 @@ from typing import Protocol
 from gateway.registry import PodState
 from gateway.routing.request import RoutingRequest
 
-
 _MAX_MODELS = 1024
 """Models whose candidates' order a round-robin picker keeps (its turns are per model too)."""
 
