@@ -10,6 +10,12 @@ cost model's bookkeeping), per policy, interleaved so that every policy sees the
 machine state; p50 and p99 in µs. Every pod has been scraped (running and waiting
 counts), and the garbage collector runs with `kvgate serve`'s thresholds, as in a live
 gateway.
+
+`--step-ends N`: between decisions, N random pods (at most `--pods`) see a step end (the
+first chunk of a pod's streamed answers after a quiet spell, as the proxy reports it to
+the cost model): each such pod is estimated again at the next decision. A fleet of 64
+pods streaming at 25 ms steps ends ~2,600 steps a second, so N is that rate divided by the
+decisions per second.
 """
 
 from __future__ import annotations
@@ -67,17 +73,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--pods", type=int, default=64, help="pods in the fleet (64)")
     add("--requests", type=int, default=3000, help="decisions per policy")
     add("--seed", type=int, default=0)
+    add("--step-ends", type=int, default=0, metavar="N",
+        help="pods whose step ends between two decisions (0)")  # fmt: skip
     add_output_arguments(parser, "decision")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.pods < 1 or args.requests < 10:
-        print("kvgate bench decision: --pods >= 1 and --requests >= 10")
+    if args.pods < 1 or args.requests < 10 or args.step_ends < 0:
+        print("kvgate bench decision: --pods >= 1, --requests >= 10 and --step-ends >= 0")
         return 2
     previous_gc = tune_gc()  # as `kvgate serve` runs (gateway/runtime.py)
     thresholds = list(gc.get_threshold())
     try:
-        results = asyncio.run(_measure(args.pods, args.requests, args.seed))
+        results = asyncio.run(_measure(args.pods, args.requests, args.seed, args.step_ends))
     finally:
         gc.set_threshold(*previous_gc)
     rows = []
@@ -90,10 +98,12 @@ def run(args: argparse.Namespace) -> int:
         rows.append((f"{policy} decision p50 / p99", decision, note))
         route = f"{figures['route_p50_us']:.1f} / {figures['route_p99_us']:.1f} µs"
         rows.append((f"{policy} + commit p50 / p99", route, "router-side entries, cost model"))
-    print_table(f"routing decision, {args.pods} pods, tokenization excluded", rows)
+    between = f", {args.step_ends} step ends between decisions" if args.step_ends else ""
+    print_table(f"routing decision, {args.pods} pods, tokenization excluded{between}", rows)
     document = {
         "pods": args.pods,
         "requests": args.requests,
+        "step_ends_per_decision": args.step_ends,
         "gc_thresholds": thresholds,
         "policies": results,
     }
@@ -102,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _measure(pods: int, requests: int, seed: int) -> dict[str, dict[str, float]]:
+async def _measure(
+    pods: int, requests: int, seed: int, step_ends: int
+) -> dict[str, dict[str, float]]:
     rng = random.Random(seed)
     settings = Settings(index=IndexConfig(block_size=BLOCK))
     table = SyncPrefixHashTable(settings.index)
@@ -122,7 +134,11 @@ async def _measure(pods: int, requests: int, seed: int) -> dict[str, dict[str, f
                 stored = _Stored([engine_hash], parent, system[start : start + BLOCK])
                 table.apply_stored(name, stored)
                 parent, engine_hash = engine_hash, engine_hash + 1
-    cost = CostModel()
+    # With step ends, the cost model runs on a clock of its own, 2.5 ms a decision: every
+    # step end is then a new step (two chunks closer than 2 ms are one step's), and the
+    # run stays under the 10 s after which an unanswered pod would be probed.
+    model_time = [0.0]
+    cost = CostModel(clock=(lambda: model_time[0]) if step_ends else None)
     router = _TimedRouter(
         registry=registry,
         table=table,
@@ -148,6 +164,10 @@ async def _measure(pods: int, requests: int, seed: int) -> dict[str, dict[str, f
             routes[policy].append(took)
             decisions[policy].append(took - router.dispatch_s - router.tokenize_s)
             router.finish(routed)
+        if step_ends:
+            model_time[0] += 0.0025
+            for name in rng.sample(names, min(step_ends, pods)):
+                cost.pulse(name)
     return {
         policy: {
             "p50_us": percentile(decisions[policy], 50) * 1e6,

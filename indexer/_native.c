@@ -1860,33 +1860,57 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
     return order;
 }
 
-/* gateway.routing.kernels.affine_order: affine_costs' TTFTs, their argsort, and the pods
- * within `tolerance` of the best (`ties`, at least one) moved into descending order of
- * cached tokens, stably; `equal`: how many of those hold as much as the first. What the
- * cost-model picker ranks by when nothing but the TTFT counts, in one pass and without a
- * list of costs. */
+/* gateway.routing.kernels.affine_order: affine_costs' TTFTs (each charged `delay_weight`
+ * times the requests waiting on that pod times its own prefill, when not 0), their
+ * argsort, and the pods within `tolerance` of the best (`ties`, at least one) moved into
+ * descending order of cached tokens, stably; `equal`: how many of those hold as much as the
+ * first. What the cost-model picker ranks by when nothing else counts, in one pass and
+ * without a list of costs. */
 static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    static const char signature[] =
+        "affine_order(bases: list, units: list, ends: list, cached: list, prompt_tokens, "
+        "step_term, now, tolerance, waits: list, delay_weight)";
     AffineArgs a;
-    if (!read_affine_args(args, nargs, 8, "affine_order",
-                          "affine_order(bases: list, units: list, ends: list, cached: list, "
-                          "prompt_tokens, step_term, now, tolerance)",
-                          1, &a)) {
+    if (!read_affine_args(args, nargs, 10, "affine_order", signature, 2, &a)) {
         return NULL;
     }
-    double tolerance = PyFloat_AsDouble(args[7]);
     Py_ssize_t count = a.count;
     double *cached = a.cached, *ttfts = a.values + 4 * count;
-    Ranked *ranked = PyMem_Malloc(sizeof(Ranked) * (size_t)(count ? count : 1));
+    double *waits = a.values + 5 * count;
+    double tolerance = PyFloat_AsDouble(args[7]);
+    double weight = PyFloat_AsDouble(args[9]);
+    Ranked *ranked = NULL;
     PyObject *order = NULL, *result = NULL;
-    if (ranked == NULL || (tolerance == -1.0 && PyErr_Occurred())) {
-        if (ranked == NULL) {
-            PyErr_NoMemory();
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    if (weight != 0.0) { /* the waits are read only when they count */
+        if (!PyList_Check(args[8])) {
+            PyErr_SetString(PyExc_TypeError, signature);
+            goto done;
         }
+        if (PyList_GET_SIZE(args[8]) != count) {
+            PyErr_SetString(PyExc_ValueError, "affine_order: the waits differ in length");
+            goto done;
+        }
+        if (!read_doubles(args[8], count, waits)) {
+            goto done;
+        }
+    }
+    ranked = PyMem_Malloc(sizeof(Ranked) * (size_t)(count ? count : 1));
+    if (ranked == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         double prefill;
-        double ttft = ttfts[i] = affine_ttft(&a, i, &prefill);
+        double ttft = affine_ttft(&a, i, &prefill);
+        if (weight != 0.0) { /* what it adds to those waiting there */
+            double delay = waits[i] * prefill;
+            double charged = weight * delay;
+            ttft = ttft + charged;
+        }
+        ttfts[i] = ttft;
         ranked[i].value = ttft == ttft ? ttft : Py_HUGE_VAL; /* NaN last */
         ranked[i].index = i;
     }

@@ -43,6 +43,8 @@ def affine_order(
     step_term: float,
     now: float,
     tolerance: float,
+    waits: list[float],
+    delay_weight: float,
     /,
 ) -> tuple[list[int], int, int]: ...
 def pod_estimate(

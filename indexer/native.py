@@ -79,11 +79,12 @@ per name its matched tokens (None: masks wider than 64 bits)."""
 Argsort = Callable[[list[float]], list[int]]
 """`gateway.routing.kernels.argsort`."""
 AffineOrder = Callable[
-    [list[float], list[float], list[float], list[float], float, float, float, float],
+    [list[float], list[float], list[float], list[float], float, float, float, float,
+     list[float], float],
     tuple[list[int], int, int],
-]
-"""(bases, units, step ends, cached tokens, prompt tokens, step term, now, tolerance) ->
-(order, ties, equal): `gateway.routing.kernels.affine_order`."""
+]  # fmt: skip
+"""(bases, units, step ends, cached tokens, prompt tokens, step term, now, tolerance,
+waits, delay weight) -> (order, ties, equal): `gateway.routing.kernels.affine_order`."""
 
 _E = TypeVar("_E", bound=tuple[Any, ...])
 

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple, Protocol
 
 from gateway.routing.kernels import SEQ_UNIT as _SEQ_UNIT
 from gateway.routing.kernels import TOKEN_UNIT as _TOKEN_UNIT
-from gateway.routing.kernels import Kernels
+from gateway.routing.kernels import Kernels, delays
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
 
 __all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
@@ -172,7 +172,7 @@ class _Ranking:
     `position` in the model's change log of `epoch`."""
 
     __slots__ = ("bases", "ends", "epoch", "index", "pods", "position", "scraped",
-                 "theta_version", "units")  # fmt: skip
+                 "theta_version", "units", "waits")  # fmt: skip
 
     def __init__(
         self,
@@ -189,6 +189,8 @@ class _Ranking:
         self.bases = [e.base_s for e in estimates]
         self.units = [e.unit_s for e in estimates]
         self.ends = [e.step_end for e in estimates]
+        self.waits = [e.pending_requests for e in estimates]
+        """Requests waiting there for the next step (a new request would join them)."""
         self.epoch = epoch
         self.theta_version = theta_version
         self.position = position
@@ -366,6 +368,14 @@ class CostModel:
             self._theta[STEP_TERM], now,
         )  # fmt: skip
 
+    def rank_delays(
+        self, pods: Sequence[ScrapedPod], names: Sequence[str] | None, prefills: list[float]
+    ) -> list[float]:
+        """Per pod (in the order of `pods`), what a request whose own prefill there is
+        `prefills[i]` adds to the TTFTs of the requests waiting there for the next step
+        (`kernels.delays`)."""
+        return delays(prefills, self._current_ranking(pods, names)[0].waits)
+
     def rank_order(
         self,
         pods: Sequence[ScrapedPod],
@@ -373,14 +383,16 @@ class CostModel:
         prompt_tokens: int,
         names: Sequence[str] | None,
         tolerance: float,
+        delay_weight: float = 0.0,
     ) -> tuple[list[int], int, int]:
-        """`rank_costs`' TTFTs ranked in one pass (`kernels.affine_order`): (the pods'
-        indices, fastest first but those within `tolerance` of the fastest by cached tokens;
-        how many are within it; how many of those hold as much as the first)."""
+        """`rank_costs`' TTFTs, each charged `delay_weight` times `rank_delays`, ranked in
+        one pass (`kernels.affine_order`): (the pods' indices, fastest first but those
+        within `tolerance` of the fastest by cached tokens; how many are within it; how many
+        of those hold as much as the first)."""
         ranking, now = self._current_ranking(pods, names)
         return self.kernels.affine_order(
             ranking.bases, ranking.units, ranking.ends, cached, prompt_tokens,
-            self._theta[STEP_TERM], now, tolerance,
+            self._theta[STEP_TERM], now, tolerance, ranking.waits, delay_weight,
         )  # fmt: skip
 
     def _current_ranking(
@@ -416,7 +428,7 @@ class CostModel:
         again)."""
         changes = self._changes
         index, works, work_for = ranking.index, self._pods, self._work
-        bases, units, ends = ranking.bases, ranking.units, ranking.ends
+        bases, units, ends, waits = ranking.bases, ranking.units, ranking.ends, ranking.waits
         estimate, theta, speed = self.kernels.pod_estimate, self._theta, self._typical_speed
         version = self._theta_version
         for changed in changes[ranking.position :]:
@@ -436,7 +448,7 @@ class CostModel:
             ):
                 e = estimate(work, theta, speed, version, scraped_at, pod.running, pod.waiting,
                              _Estimate)  # fmt: skip
-            bases[at], units[at], ends[at] = e[3], e[4], e[5]
+            bases[at], units[at], ends[at], waits[at] = e[3], e[4], e[5], e[7]
         ranking.position = len(changes)
 
     def _ranking(

@@ -53,17 +53,31 @@ def affine_order(
     step_term: float,
     now: float,
     tolerance: float,
+    waits: list[float],
+    delay_weight: float,
 ) -> tuple[list[int], int, int]:
     """`affine_costs`' TTFTs ranked: (order, ties, equal). `order` is their `argsort`, but
     its first `ties` pods (those within `tolerance` of the best, at least one) in descending
     order of `cached` tokens (equal ones as they were); `equal`: how many of those hold as
-    much as the first. What the cost-model picker ranks by when only the TTFT counts."""
-    ttfts, _ = affine_costs(bases, units, ends, cached, prompt_tokens, step_term, now)
+    much as the first. Each TTFT is first charged `delay_weight` times the request's
+    `delays` on its pod (`waits`: read only when the weight is not 0). What the cost-model
+    picker ranks by when nothing else counts."""
+    ttfts, prefills = affine_costs(bases, units, ends, cached, prompt_tokens, step_term, now)
+    if delay_weight:
+        charged = delays(prefills, waits)
+        ttfts = [ttft + delay_weight * delay for ttft, delay in zip(ttfts, charged, strict=True)]
     order = argsort(ttfts)
     if not order:
         return order, 0, 0
     ties = near_ties(order, ttfts, tolerance)
     return order, ties, most_cached_first(order, ties, cached)
+
+
+def delays(prefills: list[float], waits: list[float]) -> list[float]:
+    """Per pod, what a request whose own prefill there is `prefills[i]` adds to the TTFTs
+    of the `waits[i]` requests waiting there for the next step: it is admitted with them,
+    and each waits out its prefill."""
+    return [waiting * prefill for prefill, waiting in zip(prefills, waits, strict=True)]
 
 
 def near_ties(order: list[int], costs: list[float], tolerance: float) -> int:

@@ -114,6 +114,7 @@ class MinPredictedTtftPicker:
         tie_tolerance: float = 0.05,
         affinity_tolerance: float = 0.0,
         prefill_weight: float = 0.0,
+        delay_weight: float = 1.0,
         probe_rate: float = 0.02,
         placement_tolerance: float = 0.25,
         placement_key: str = "load",
@@ -125,6 +126,7 @@ class MinPredictedTtftPicker:
         self.tie_tolerance = tie_tolerance
         self.affinity_tolerance = affinity_tolerance
         self.prefill_weight = prefill_weight
+        self.delay_weight = delay_weight
         self.probe_rate = probe_rate
         self.placement_tolerance = placement_tolerance
         self.placement_key = placement_key
@@ -149,9 +151,10 @@ class MinPredictedTtftPicker:
         repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         if slo is None and not placing and not self.prefill_weight and not self.affinity_tolerance:
-            # Only the TTFT counts: ranked and its near-ties ordered in one compiled pass.
+            # Only the TTFT (and the delay to others) counts: ranked and its near-ties
+            # ordered in one compiled pass.
             order, _, equal = self._cost.rank_order(
-                pods, cached, request.prompt_tokens, names, self.tie_tolerance
+                pods, cached, request.prompt_tokens, names, self.tie_tolerance, self.delay_weight
             )
             probed = self._probed(order, names)
             if probed is not None:
@@ -188,6 +191,12 @@ class MinPredictedTtftPicker:
             costs = [ttft + weight * prefill for ttft, prefill in zip(ttfts, prefills, strict=True)]
         else:
             costs = ttfts
+        if self.delay_weight:
+            # What sending it there costs the requests already waiting for that pod's next
+            # step: they are admitted with it, and each waits out its prefill too.
+            weight = self.delay_weight
+            delays = self._cost.rank_delays(pods, names, prefills)
+            costs = [cost + weight * delay for cost, delay in zip(costs, delays, strict=True)]
         order = self._cost.kernels.argsort(costs)
         probed = self._probed(order, names)
         if probed is not None:

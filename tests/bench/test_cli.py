@@ -42,3 +42,22 @@ def test_bench_indexer_writes_every_figure(tmp_path: Path) -> None:
         assert key in result.stdout
     assert figures["config"]["pods"] == 4
     assert plot.stat().st_size > 0
+
+
+def test_bench_decision_with_step_ends_writes_every_policy(tmp_path: Path) -> None:
+    out = tmp_path / "decision.json"
+    result = kvgate(
+        "bench", "decision", "--pods", "8", "--requests", "20", "--step-ends", "4",
+        "--json", str(out), "--plot", str(tmp_path / "decision.png"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads(out.read_text())
+    assert document["step_ends_per_decision"] == 4
+    assert "4 step ends between decisions" in result.stdout
+    for policy in ("prefix-cache", "prefix-share", "round-robin"):
+        figures = document["policies"][policy]
+        assert 0 < figures["p50_us"] <= figures["p99_us"], policy
+        assert figures["route_p50_us"] > 0, policy
+    refused = kvgate("bench", "decision", "--step-ends", "-1")
+    assert refused.returncode == 2
+    assert "--step-ends >= 0" in refused.stdout

@@ -14,6 +14,7 @@ from gateway.routing import (
     FEATURES,
     CostModel,
     MinPredictedTtftPicker,
+    Prediction,
     RoutingRequest,
     predict_all,
 )
@@ -448,6 +449,35 @@ def test_each_pod_learns_its_speed_and_a_new_pod_starts_at_the_typical_one() -> 
     assert cost.speed("new") == pytest.approx((fast * slow) ** 0.5)
 
 
+def delay_to_waiting(prediction: Prediction) -> float:
+    """What the predicted request adds to the TTFTs of the requests waiting with it for the
+    pod's next step: its prefill, for each of them."""
+    return prediction.queued_requests * prediction.own_prefill_s()
+
+
+def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
+    """A faster pod where a request waits for the next step, or a slower idle one: by its
+    own TTFT the new request goes to the faster; charged its prefill again for the request
+    it would delay there (`delay_weight`), to the idle one."""
+    clock = Clock()
+    cost = _trained_fleet(clock, {"fast": 1.0, "slow": 1.8})
+    pods = [pod("fast"), pod("slow")]
+    seeded = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # begins a step
+    waiting = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # waits for the next
+    req = request(2000)
+    predictions = predict_all(cost, BLOCK, req, pods)
+    assert predictions["fast"].queued_requests == 1.0 and predictions["slow"].queued_requests == 0
+    assert predictions["fast"].ttft_s < predictions["slow"].ttft_s
+    ranked = {}
+    for weight in (0.0, 1.0):
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
+                                        delay_weight=weight)  # fmt: skip
+        ranked[weight] = [state.name for state in picker.rank(req, pods, {})]
+    assert ranked == {0.0: ["fast", "slow"], 1.0: ["slow", "fast"]}
+    for ticket in (seeded, waiting):
+        cost.finish(ticket)
+
+
 def test_the_pickers_costs_are_the_predictions_themselves() -> None:
     """The picker ranks by `rank_costs` (no Prediction per pod); the chosen pod's
     Prediction, made at dispatch, must say the same, whatever the pods' state."""
@@ -478,6 +508,17 @@ def test_the_pickers_costs_are_the_predictions_themselves() -> None:
         assert prefill == pytest.approx(predictions[name].own_prefill_s()), name
     assert predictions["busy"].step_remaining_s > 0 and predictions["scraped"].busy == 1.0
     assert predictions["holder"].own_tokens == 10 * BLOCK
+    # With `delay_weight`, a pod also costs what its prefill adds to the requests waiting
+    # there for the next step: "busy" has one (queued after its step began), "scraped" the
+    # engine's waiting beyond ours.
+    assert predictions["busy"].queued_requests == 1.0
+    assert predictions["scraped"].queued_requests == 2.0
+    for weight in (0.0, 1.0, 3.0):
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
+                                        tie_tolerance=0.0, delay_weight=weight)  # fmt: skip
+        charged = {name: p.ttft_s + weight * delay_to_waiting(p) for name, p in predictions.items()}
+        ranked = [state.name for state in picker.rank(req, pods, {})]
+        assert ranked == sorted(names, key=charged.__getitem__), weight
     for ticket in (running, queued):
         cost.finish(ticket)
 
@@ -529,9 +570,11 @@ def test_rank_costs_follow_every_change_of_the_pods(
             (p.name, held, p.scraped_at, p.running, p.waiting)
             for p, held in zip(candidates, cached, strict=True)
         ], prompt)  # fmt: skip
-        for ttft, prefill, prediction in zip(ttfts, prefills, fresh, strict=True):
+        delays = cost.rank_delays(candidates, None, prefills)
+        for ttft, prefill, delay, prediction in zip(ttfts, prefills, delays, fresh, strict=True):
             assert ttft == pytest.approx(prediction.ttft_s, rel=1e-12, abs=1e-15), step
             assert prefill == pytest.approx(prediction.own_prefill_s(), rel=1e-9), step
+            assert delay == pytest.approx(delay_to_waiting(prediction), rel=1e-9), step
         # the one-pass ranking: the pods within 5 % of the best first, most cached first
         # (how many hold as much as the first: `equal`), then the rest by TTFT
         order, ties, equal = cost.rank_order(candidates, cached, prompt, None, 0.05)
