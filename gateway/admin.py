@@ -169,6 +169,9 @@ def _prediction_view(prediction: Prediction) -> dict[str, Any]:
         "step_remaining_ms": prediction.step_remaining_s * 1e3,
         "in_step_tokens": prediction.in_step_tokens,
         "speed": prediction.speed,
+        # what sending it there adds to the TTFTs of those queued for the next step (the
+        # picker charges it × delay_weight)
+        "delay_to_queued_ms": prediction.delay_to_queued_s() * 1e3,
         "coefficients": dict(zip(FEATURES, prediction.pod_coefficients(), strict=True)),
         "terms_ms": {name: value * 1e3 for name, value in prediction.terms().items()},
     }

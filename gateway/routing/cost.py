@@ -137,6 +137,11 @@ class Prediction(NamedTuple):
         """The predicted TTFT had the request `own_tokens` uncached tokens on this pod."""
         return self.ttft_s - self.own_prefill_s() + self.own_prefill_s(own_tokens)
 
+    def delay_to_queued_s(self) -> float:
+        """What this request adds to the TTFTs of the requests queued on the pod for its
+        next step (`kernels.delays`): its own prefill, once for each of them."""
+        return self.queued_requests * self.own_prefill_s()
+
     def own_prefill_s(self, own_tokens: float | None = None) -> float:
         """The predicted time of this request's own prefill on the pod."""
         tokens = self.own_tokens if own_tokens is None else own_tokens

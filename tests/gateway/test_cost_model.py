@@ -452,7 +452,9 @@ def test_each_pod_learns_its_speed_and_a_new_pod_starts_at_the_typical_one() -> 
 def delay_to_waiting(prediction: Prediction) -> float:
     """What the predicted request adds to the TTFTs of the requests waiting with it for the
     pod's next step: its prefill, for each of them."""
-    return prediction.queued_requests * prediction.own_prefill_s()
+    delay: float = prediction.queued_requests * prediction.own_prefill_s()
+    assert prediction.delay_to_queued_s() == delay  # as /admin/match shows it
+    return delay
 
 
 def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:

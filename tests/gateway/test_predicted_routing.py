@@ -128,6 +128,8 @@ async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGatewa
             assert prediction["own_uncached_tokens"] > 0
             assert set(prediction["terms_ms"]) == set(FEATURES)
             assert prediction["speed"] > 0 and prediction["step_remaining_ms"] >= 0
+            # nothing queued on an idle fleet: sending it there delays nobody
+            assert prediction["queued_requests"] == 0 and prediction["delay_to_queued_ms"] == 0
             total = sum(prediction["terms_ms"].values())
             assert abs(total - pod["predicted_ttft_ms"]) < 1e-6
 
