@@ -114,7 +114,7 @@ class MinPredictedTtftPicker:
         tie_tolerance: float = 0.05,
         affinity_tolerance: float = 0.0,
         prefill_weight: float = 0.0,
-        delay_weight: float = 1.0,
+        delay_weight: float = 0.0,
         probe_rate: float = 0.02,
         placement_tolerance: float = 0.25,
         placement_key: str = "load",
