@@ -1,7 +1,8 @@
 """`kvgate bench routing`, start to finish.
 
-Per workload: build the script, size and start the engines (one process each), then for
-every offered load and every router, one after the other on the same fleet: reset every
+Per workload: build the script, size and start the engines (one process each), warm them
+up with a few requests of their own, then for every offered load and every router, one
+after the other on the same fleet: reset every
 engine's prefix cache, start the router (its own process), run the load generator (its
 own process), read the engines' counters before and after, stop the router. Then the
 table, the target checks, JSON and PNGs under `out_dir`.
@@ -23,7 +24,7 @@ from typing import Any
 import httpx
 
 from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
-from bench.harness.fleet import SimProcess, endpoints_of, start_all, write_pods_file
+from bench.harness.fleet import SimProcess, endpoints_of, start_all, warm_up, write_pods_file
 from bench.harness.processes import ChildProcess
 from bench.harness.streaming import RequestRecord
 from bench.results_io import write_json
@@ -103,6 +104,7 @@ async def _main(options: RoutingOptions) -> int:
             try:
                 await start_all(engines, rng)
                 endpoints = endpoints_of(engines)
+                await warm_up(client, endpoints)  # every router then finds them warm
                 pods = write_pods_file(logs / workload / "pods.json", endpoints, plan.topic)
                 points = options.loads if options.mode == "open" else [None]
                 for load in points:
