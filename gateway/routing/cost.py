@@ -428,31 +428,20 @@ class CostModel:
         return ranking, now
 
     def _refresh(self, ranking: _Ranking, pods: Sequence[ScrapedPod]) -> None:
-        """`ranking`'s terms of the pods whose work changed since it was last refreshed
-        (a pod changed twice, or estimated since by another decision, is not estimated
-        again)."""
+        """`ranking`'s terms of the pods whose work changed since it was last refreshed."""
         changes = self._changes
         index, works, work_for = ranking.index, self._pods, self._work
         bases, units, ends, waits = ranking.bases, ranking.units, ranking.ends, ranking.waits
-        estimate, theta, speed = self.kernels.pod_estimate, self._theta, self._typical_speed
-        version = self._theta_version
+        current = self._current_estimate
         for changed in changes[ranking.position :]:
             name = changed.name
             at = index.get(name)
             if at is None:
                 continue
-            work = works.get(name) or work_for(name)
             pod = pods[at]
-            scraped_at = pod.scraped_at
-            e = work.estimate
-            if (
-                e is None
-                or e[0] != work.version  # (the fields by index: a NamedTuple's names are
-                or e[1] != version  # Python properties)
-                or e[2] != scraped_at
-            ):
-                e = estimate(work, theta, speed, version, scraped_at, pod.running, pod.waiting,
-                             _Estimate)  # fmt: skip
+            e = current(works.get(name) or work_for(name), pod.scraped_at, pod.running,
+                        pod.waiting)  # fmt: skip
+            # (the fields by index: a NamedTuple's names are Python properties)
             bases[at], units[at], ends[at], waits[at] = e[3], e[4], e[5], e[7]
         ranking.position = len(changes)
 
@@ -476,7 +465,7 @@ class CostModel:
         return ranking
 
     def _changed(self, work: _PodWork) -> None:
-        """Anything `_estimate` reads of `work` changed."""
+        """Anything `_current_estimate` reads of `work` changed."""
         work.version += 1
         changes = self._changes
         if len(changes) >= _MAX_CHANGES:  # bounded, whether or not anything ranks
@@ -500,21 +489,11 @@ class CostModel:
         decisions' θ changes, so a decision mostly costs a multiply-add per pod."""
         self._theta_for(now)
         self._expire_due(now)
-        version = self._theta_version
-        works, work_for, estimate = self._pods, self._work, self._estimate
-        estimates: list[_Estimate] = []
-        for name, scraped_at, running, waiting in pods:
-            work = works.get(name) or work_for(name)
-            e = work.estimate
-            if (
-                e is None
-                or e.version != work.version
-                or e.theta_version != version
-                or e.scraped_at != scraped_at
-            ):
-                e = estimate(work, scraped_at, running, waiting)
-            estimates.append(e)
-        return estimates
+        works, work_for, current = self._pods, self._work, self._current_estimate
+        return [
+            current(works.get(name) or work_for(name), scraped_at, running, waiting)
+            for name, scraped_at, running, waiting in pods
+        ]
 
     def _theta_for(self, now: float) -> None:
         """Takes the fleet's latest θ for the decisions of `now` when it is due."""
@@ -534,15 +513,19 @@ class CostModel:
         self._theta_at = now
         self._theta_version += 1
 
-    def _estimate(
+    def _current_estimate(
         self, work: _PodWork, scraped_at: float | None, running: float, waiting: float
     ) -> _Estimate:
-        """What the pod's TTFT is made of, whatever the request's prompt
-        (`kernels.pod_estimate`, compiled where built)."""
-        return self.kernels.pod_estimate(
-            work, self._theta, self._typical_speed, self._theta_version, scraped_at, running,
-            waiting, _Estimate,
-        )  # fmt: skip
+        """What the pod's TTFT is made of, whatever the request's prompt: the estimate kept
+        on its work while its work, its scrape and the decisions' θ are those it was made
+        with (a pod changed twice, or estimated by another decision since, is not estimated
+        again), else a new one (`kernels.pod_estimate`, compiled where built)."""
+        e = work.estimate
+        version = self._theta_version
+        if e is None or e[0] != work.version or e[1] != version or e[2] != scraped_at:
+            e = self.kernels.pod_estimate(work, self._theta, self._typical_speed, version,
+                                          scraped_at, running, waiting, _Estimate)  # fmt: skip
+        return e
 
     def typical_speed(self) -> float:
         """The answered pods' typical speed (geometric mean): a new pod's until it answers."""
