@@ -44,8 +44,11 @@ class CostParams:
     """Weight of the past per observation (≈ the last 200 observations count)."""
     prior_strength: float = 4.0
     """Initial covariance scale of the model: larger lets it leave the prior faster."""
-    huber_k: float = 3.0
-    """Residuals beyond k × the running residual scale are down-weighted."""
+    huber_k: float = 1.5
+    """Residuals beyond k × the running residual scale are down-weighted. At 3, about one
+    run in four of the chat benchmark drifted into predictions 10–14 % high for its whole
+    length (the pods' speeds falling while θ rose to meet them); at 1.5 the same recorded
+    answers, replayed, stay centred (docs/benchmarks.md)."""
     cpu_load_fraction: float = 0.05
     """A CPU-tier block costs this share of a block's prefill to load back."""
     storage_load_fraction: float = 0.2
