@@ -19,11 +19,13 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Template tokens around each message (`<|role|>`, newline, `<|end|>`, newline).
 MESSAGE_OVERHEAD_TOKENS = 4
 
-Message = dict[str, str]
+Message = dict[str, Any]
+"""An OpenAI chat message: role and content, and an agent's tool calls and their ids."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,12 +133,23 @@ def agent(size: WorkloadSize, seed: int) -> Script:
             {"role": "user", "content": words(rng, VOCABULARY, size.user_words_median)},
         ]
         turns = []
-        for _ in range(steps):
+        for step in range(steps):
             call = lognormal_int(rng, 16, 0.4, 64)
             turns.append(ScriptTurn(tuple(messages), call, rng.expovariate(1 / 0.3)))
-            messages.append({"role": "assistant", "content": words(rng, VOCABULARY, call)})
+            # As OpenAI's API has it: the assistant's message names its tool call, and the
+            # tool's answer names the call it answers (sglang-router refuses one without).
+            call_id = f"call-{index:04d}-{step:03d}"
+            function = {"name": f"tool_{spec}", "arguments": "{}"}
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": words(rng, VOCABULARY, call),
+                    "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+                }
+            )
             output = lognormal_int(rng, size.user_words_median / 2, 0.8, 4 * size.user_words_median)
-            messages.append({"role": "tool", "content": words(rng, VOCABULARY, output)})
+            tool_output = words(rng, VOCABULARY, output)
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": tool_output})
         conversations.append(Conversation(f"a{index:04d}", "agent", tuple(turns), f"tools-{spec}"))
     shared = {f"tools-{i}": len(s.split()) + MESSAGE_OVERHEAD_TOKENS for i, s in enumerate(specs)}
     return Script("agent", tuple(conversations), shared, seed)

@@ -22,7 +22,9 @@ from bench.harness.fleet import EngineEndpoint
 from bench.routing.fleet import capacity_rps, plan_fleet
 from bench.routing.loadgen import LoadSpec
 from bench.routing.oracle import Engine, Oracle
+from bench.routing.report import check_targets
 from bench.routing.routers import kv_aware_args, make_router, needs_vllm_like_engines
+from bench.routing.summary import RunResult
 from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
 from tests.conftest import StartEngine
 from tests.helpers import eventually
@@ -57,6 +59,30 @@ def test_agent_loops_append_tool_output() -> None:
     assert len(longest.turns) > SMALL.turns  # many short steps
     last = longest.turns[-1].messages
     assert [m["role"] for m in last[2:4]] == ["assistant", "tool"]
+    # as OpenAI's API has it (sglang-router refuses a tool message without its call's id)
+    calls = [m["tool_calls"][0]["id"] for m in last if m["role"] == "assistant"]
+    answered = [m["tool_call_id"] for m in last if m["role"] == "tool"]
+    assert calls == answered and len(set(calls)) == len(calls) > 1
+    assert all(m["tool_calls"][0]["type"] == "function" for m in last if m["role"] == "assistant")
+
+
+def _result(router: str, p90_ms: float, errors: int = 0) -> RunResult:
+    latency = {"p50": p90_ms / 2, "p90": p90_ms, "p99": 2 * p90_ms, "mean": p90_ms / 2}
+    return RunResult("agent", router, 0.8, 10.0, 1000, errors, latency, latency, latency, 9.0,
+                     90.0, 0.9, 0.9, {"e0": 1.0}, 1.0)  # fmt: skip
+
+
+def test_a_router_that_failed_requests_is_not_the_latency_to_beat() -> None:
+    """Its percentiles cover only the requests it answered: left out of the comparison,
+    and named."""
+    results = [_result("prefix-cache", 200.0), _result("sticky-rr", 220.0),
+               _result("sglang-router", 130.0, errors=900)]  # fmt: skip
+    lowest = next(line for line in check_targets(results) if "lowest TTFT p90" in line)
+    assert lowest.startswith("  ✓") and "200 vs sticky-rr 220 ms" in lowest
+    assert "not compared: sglang-router (900 of 1,000 failed)" in lowest
+    results[2] = _result("sglang-router", 130.0, errors=10)  # 1 %: still compared
+    lowest = next(line for line in check_targets(results) if "lowest TTFT p90" in line)
+    assert lowest.startswith("  ✗") and "sglang-router 130 ms" in lowest
 
 
 def test_unique_prompts_share_nothing_and_vip_flood_mixes_both() -> None:
