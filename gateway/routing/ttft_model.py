@@ -46,7 +46,7 @@ class CostParams:
     """Initial covariance scale of the model: larger lets it leave the prior faster."""
     huber_k: float = 1.5
     """Residuals beyond k × the running residual scale are down-weighted. At 3, about one
-    run in four of the chat benchmark drifted into predictions 10–14 % high for its whole
+    run in five of the chat benchmark drifted into predictions 10–14 % high for its whole
     length (the pods' speeds falling while θ rose to meet them); at 1.5 the same recorded
     answers, replayed, stay centred (docs/benchmarks.md)."""
     cpu_load_fraction: float = 0.05
