@@ -2,10 +2,10 @@
 
 Per workload: build the script, size and start the engines (one process each), warm them
 up with a few requests of their own, then for every offered load and every router, one
-after the other on the same fleet: reset every
-engine's prefix cache, start the router (its own process), run the load generator (its
-own process), read the engines' counters before and after, stop the router. Then the
-table, the target checks, JSON and PNGs under `out_dir`.
+after the other on the same fleet: reset every engine's prefix cache, start the router (its
+own process), run the load generator (its own process), read the engines' counters before
+and after, stop the router. Then the table, the target checks, JSON and PNGs under
+`out_dir`.
 """
 
 from __future__ import annotations
