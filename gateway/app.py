@@ -47,7 +47,7 @@ from gateway.registry import PodRegistry
 from gateway.replicas import ReplicaSync, ReplicaSyncCollector
 from gateway.request_id import RequestIds
 from gateway.router import Router, build_policies
-from gateway.routing import CostModel, PinLookup
+from gateway.routing import CostModel, CostParams, PinLookup
 from gateway.scraper import MetricsScraper
 from gateway.settings import Settings
 from gateway.state import GatewayState
@@ -157,7 +157,10 @@ async def _start(
         if settings.use_remote_tokenizer
         else None
     )
-    cost = CostModel(pure_python=settings.index.pure_python)
+    cost = CostModel(
+        CostParams().with_prior_scale(settings.cost_prior_scale),
+        pure_python=settings.index.pure_python,
+    )
     if settings.bootstrap_peer is not None:
         await cost_model_from_peer(
             control_client, settings.bootstrap_peer, settings.admin_token, cost

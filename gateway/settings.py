@@ -323,6 +323,12 @@ class Settings:
         False, "KVGATE_SLO_SHED", _bool, _BOOL_HELP,
         "429 + `Retry-After` when no pod is predicted to meet a request's `x-slo-ttft-ms`",
     )  # fmt: skip
+    cost_prior_scale: float = _setting(
+        1.0, "KVGATE_COST_PRIOR_SCALE", _positive_number, "a number > 0",
+        "how many times slower than the cost model's prior (a 14B model on one GPU) this "
+        "fleet answers: the TTFT model starts from its prior times this and learns the rest "
+        "from the pods' answers ([docs/routing.md](docs/routing.md))",
+    )  # fmt: skip
     hot_spot_margin: int = _setting(
         16, "KVGATE_HOT_SPOT_MARGIN", _positive_int, "an integer > 0",
         "`prefix-share`: a pod with this many more requests in flight than the least loaded "

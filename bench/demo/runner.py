@@ -106,7 +106,10 @@ async def _demo(options: DemoOptions, stop: asyncio.Event, phase: _Phase) -> int
         stack.push_async_callback(fleet.stop)
         await fleet.start(rng)
         pods_file = write_pods_file(options.out_dir / "pods.json", fleet.endpoints)
-        settings = Settings(pods_file=pods_file, admin_token=token, drain_timeout_s=2.0)
+        # The engines run at `time_scale` model seconds per wall second: the cost model's
+        # prior (a 14B model on one GPU, as the engines are in model time) is told so.
+        settings = Settings(pods_file=pods_file, admin_token=token, drain_timeout_s=2.0,
+                            cost_prior_scale=1.0 / plan.time_scale)  # fmt: skip
         gateway = await serve_in_process(settings, options.port)
         stack.push_async_callback(gateway.stop)
         if options.port and gateway.port != options.port:

@@ -108,6 +108,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="USERS",
         help="closed loop with USERS concurrent users instead of Poisson arrivals",
     )
+    add(
+        "--ramp",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="closed loop: the users join one by one over this many model seconds "
+        "(default: the mean think time, 0.5; 0: all at once)",
+    )
     add("--conversations", type=int, default=None, help="conversations per workload (160)")
     add("--turns", type=int, default=None, help="turns per chat conversation (5)")
     add(
@@ -143,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         "--engines": args.engines < 1,
         "--load": args.load <= 0,
         "--closed": args.closed is not None and args.closed < 1,
+        "--ramp": args.ramp is not None and args.ramp < 0,
         "--conversations": args.conversations is not None and args.conversations < 1,
         "--turns": args.turns is not None and args.turns < 1,
         "--time-scale": args.time_scale is not None and args.time_scale <= 0,
@@ -185,5 +194,6 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         out_dir=args.out or RESULTS_DIR / "routing" / run_name,
         quiet=args.quiet,
+        ramp_s=args.ramp,
     )
     return run_routing(options)

@@ -4,8 +4,8 @@ It rebuilds the script from the spec (same workload, size and seed: the same req
 sends them to the router as streamed chat completions and writes one record per request
 to OUT (JSON). `open`: every request at its time from `script.schedule`, so a slow router
 builds a queue rather than slowing the arrivals down; `closed`: `concurrency` users, each
-running conversations back to back. Spec and script times are model seconds, divided here
-by the time scale.
+running conversations back to back (they join one by one over `ramp_s`). Spec and script
+times are model seconds, divided here by the time scale.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ class LoadSpec:
     concurrency: int
     time_scale: float
     timeout_s: float = 120.0
+    ramp_s: float = 0.0
+    """Closed loop: the users join one by one, evenly over this many model seconds."""
     replica_urls: tuple[str, ...] = ()
     """Several gateway replicas: requests go to them in turn, each request to the next
     (an L7 balancer in front of their Service); empty: all to `router_url`."""
@@ -185,7 +187,8 @@ async def _drive(
         return
     queue = list(reversed(script.conversations))
 
-    async def user() -> None:
+    async def user(number: int) -> None:
+        await asyncio.sleep(number * spec.ramp_s / spec.concurrency / scale)
         while queue:
             conversation = queue.pop()
             for index, turn in enumerate(conversation.turns):
@@ -194,8 +197,8 @@ async def _drive(
                     await asyncio.sleep(turn.think_s / scale)
 
     async with asyncio.TaskGroup() as group:
-        for _ in range(spec.concurrency):
-            group.create_task(user())
+        for number in range(spec.concurrency):
+            group.create_task(user(number))
 
 
 def main(argv: list[str]) -> int:

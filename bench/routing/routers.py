@@ -92,14 +92,20 @@ def make_router(
     block_hash: str = "sim",
     *,
     replica: int | None = None,
+    time_scale: float = 1.0,
 ) -> RouterProcess:
-    """Router `name` on a free port; `replica`: one of several kvgate replicas (own log)."""
+    """Router `name` on a free port; `replica`: one of several kvgate replicas (own log).
+    `time_scale`: the engines' (model seconds per wall second): kvgate's cost model is told
+    that its pods answer 1 / `time_scale` times as slowly as its prior says (a calibrated
+    14B model on one GPU, which a simulated engine is in model time), as an operator tells
+    it of a slower GPU."""
     port = free_port_block(2, rng)
     log = log_dir / (f"router-{name}.log" if replica is None else f"router-{name}-{replica}.log")
     if name in KVGATE_POLICIES:
         token = secrets.token_urlsafe(12)
         command = serve_command(pods_file, port, name)
-        return RouterProcess(name, command, log, port, {"KVGATE_ADMIN_TOKEN": token}, token)
+        env = {"KVGATE_ADMIN_TOKEN": token, "KVGATE_COST_PRIOR_SCALE": f"{1.0 / time_scale:g}"}
+        return RouterProcess(name, command, log, port, env, token)
     if name in BASELINES:
         command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port), block_hash]
         return RouterProcess(name, command, log, port)

@@ -74,6 +74,10 @@ class RoutingOptions:
     kill_replica: bool = False
     """In each run with several replicas, kill one under load and replace it
     (bench/routing/failover.py)."""
+    ramp_s: float | None = None
+    """Closed loop: model seconds over which the users join; None: the workload's mean
+    think time (users of a service do not all send their first request in the same
+    millisecond); 0: all at once."""
 
 
 def run_routing(options: RoutingOptions) -> int:
@@ -166,7 +170,7 @@ async def _run_one(
     logs = options.out_dir / "logs" / script.name
     routers = [
         make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,
-                    replica=index if replicas > 1 else None)
+                    replica=index if replicas > 1 else None, time_scale=plan.time_scale)
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
@@ -198,6 +202,7 @@ async def _run_one(
             rate=rate,
             concurrency=options.concurrency,
             time_scale=plan.time_scale,
+            ramp_s=options.size.think_s_mean if options.ramp_s is None else options.ramp_s,
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 FEATURES = (
@@ -61,6 +61,13 @@ class CostParams:
     """How far one answer moves a pod's speed toward what it showed, once it has a few."""
     max_speed_step: float = 0.5
     """Bound on one answer's pull on a pod's log-speed (a stall moves it little)."""
+
+    def with_prior_scale(self, scale: float) -> CostParams:
+        """These parameters for a fleet `scale` times slower than the prior's: every
+        coefficient that is time per unit is scaled; the step term is not (it weighs a
+        time measured on the pod itself)."""
+        prior = tuple(v if i == STEP_TERM else v * scale for i, v in enumerate(self.prior))
+        return replace(self, prior=prior)
 
 
 class TtftModel:

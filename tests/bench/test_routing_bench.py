@@ -12,6 +12,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,8 @@ import pytest
 import zmq.asyncio
 
 from bench.harness.fleet import EngineEndpoint
+from bench.harness.streaming import RequestRecord
+from bench.routing import loadgen
 from bench.routing.fleet import capacity_rps, plan_fleet
 from bench.routing.loadgen import LoadSpec
 from bench.routing.oracle import Engine, Oracle
@@ -26,6 +29,7 @@ from bench.routing.report import check_targets
 from bench.routing.routers import kv_aware_args, make_router, needs_vllm_like_engines
 from bench.routing.summary import RunResult
 from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
+from simulator import LatencyModel
 from tests.conftest import StartEngine
 from tests.helpers import eventually
 
@@ -297,3 +301,35 @@ def test_requests_go_to_the_replicas_in_turn_and_the_spec_round_trips() -> None:
     assert [router() for _ in range(5)] == ["http://a", "http://b"] * 2 + ["http://a"]
     single = LoadSpec.from_json({**spec.to_json(), "replica_urls": []}).urls()
     assert {single() for _ in range(3)} == {"http://a"}
+
+
+def _in_flight_at_each_start(records: list[RequestRecord]) -> list[tuple[float, int]]:
+    """(start, requests in flight then, itself included) of each request, in start order."""
+    return [
+        (r.started, sum(1 for o in records if o.started <= r.started < o.ended))
+        for r in sorted(records, key=lambda r: r.started)
+    ]
+
+
+@pytest.mark.parametrize("ramp_s", [0.0, 0.6])
+async def test_closed_loop_users_join_one_by_one_over_the_ramp(
+    start_engine: StartEngine, ramp_s: float
+) -> None:
+    engine = await start_engine(name="e0", latency=LatencyModel())  # requests take ≥ 20 ms
+    users = 3
+    spec = LoadSpec(
+        router_url=engine.url, model="sim-model", workload="chat", size=SMALL, seed=0,
+        mode="closed", rate=0.0, concurrency=users, time_scale=1.0, ramp_s=ramp_s,
+    )  # fmt: skip
+    script = build("chat", SMALL, 0)
+    origin = time.perf_counter()
+    records = await loadgen.run(spec, script)
+    assert len(records) == script.requests and all(r.error is None for r in records)
+    starts = _in_flight_at_each_start(records)
+    if ramp_s == 0.0:  # every user at once: the first three requests overlap
+        assert starts[users - 1][1] == users
+        return
+    step = ramp_s / users
+    for started, in_flight in starts:  # user k joins k steps after the start, not before
+        joined = min(users, int((started - origin) / step) + 1)
+        assert in_flight <= joined, (started - origin, in_flight)

@@ -129,6 +129,21 @@ def test_a_new_pod_starts_from_the_fleets_model() -> None:
     assert fresh == pytest.approx(0.030, rel=0.2)
 
 
+def test_a_prior_scale_starts_the_model_that_many_times_slower() -> None:
+    clock = Clock()
+    plain = CostModel(clock=clock)
+    slower = CostModel(CostParams().with_prior_scale(2.5), clock=clock)
+    assert slower.predict("p", 1500, 0.0).ttft_s == pytest.approx(
+        2.5 * plain.predict("p", 1500, 0.0).ttft_s
+    )
+    # the current step's remainder is measured on the pod itself: its weight is not scaled
+    step = FEATURES.index("step_remaining")
+    assert slower.fleet.theta[step] == plain.fleet.theta[step] == 1.0
+    for _ in range(300):  # and it still learns what the pods show
+        serve(slower, clock, "p", 1000, 0.030)
+    assert slower.predict("p", 1000, 0.0).ttft_s == pytest.approx(0.030, rel=0.1)
+
+
 def test_coefficients_never_go_negative() -> None:
     clock = Clock()
     cost = CostModel(clock=clock)

@@ -6,6 +6,7 @@ import asyncio
 from collections import Counter
 
 import httpx
+import pytest
 
 from gateway.routing import FEATURES
 from simulator import LatencyModel
@@ -132,6 +133,19 @@ async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGatewa
             assert prediction["queued_requests"] == 0 and prediction["delay_to_queued_ms"] == 0
             total = sum(prediction["terms_ms"].values())
             assert abs(total - pod["predicted_ttft_ms"]) < 1e-6
+
+
+async def test_the_prior_scale_setting_reaches_the_predictions(
+    start_gateway: StartGateway,
+) -> None:
+    plain = await start_gateway(engines=1)
+    slower = await start_gateway(engines=1, cost_prior_scale=3.0)
+    predicted = []
+    for gw in (plain, slower):
+        async with gw.admin() as admin:
+            view = (await admin.post("/admin/match", json=stream_body("explain " * 40))).json()
+        predicted.append(view["pods"]["e0"]["predicted_ttft_ms"])
+    assert predicted[1] == pytest.approx(3.0 * predicted[0])
 
 
 async def test_new_conversations_spread_and_their_later_turns_stay(
