@@ -127,11 +127,21 @@ async def _start(
     control_client = await stack.enter_async_context(
         httpx.AsyncClient(transport=transport, timeout=5.0)
     )
+    cost = CostModel(
+        CostParams().with_prior_scale(settings.cost_prior_scale),
+        pure_python=settings.index.pure_python,
+    )
+    if settings.bootstrap_peer is not None:  # the fresher view: before any file's
+        await cost_model_from_peer(
+            control_client, settings.bootstrap_peer, settings.admin_token, cost
+        )
     subscribers: SubscriberManager | None = None
     restorer: SnapshotRestorer | None = None
     if settings.kv_event_sync:
         # Before discovery starts any subscriber: each starts from its pod's snapshot.
-        restorer = await restore_snapshots(settings, table, metrics.prometheus, control_client)
+        restorer = await restore_snapshots(
+            settings, table, metrics.prometheus, control_client, cost
+        )
         subscribers = await stack.enter_async_context(
             SubscriberManager(IndexSink(table), resume=restorer.resume)
         )
@@ -142,7 +152,7 @@ async def _start(
         and settings.tokenizer_endpoint is not None
         and settings.tokenizer_engine == "vllm",
     )
-    writer = snapshot_writer(settings, table, subscribers, registry, restorer)
+    writer = snapshot_writer(settings, table, subscribers, registry, restorer, cost)
     if writer is not None:
         stack.push_async_callback(writer.close)  # the final snapshot, after background tasks
     tokenizer = (
@@ -157,14 +167,6 @@ async def _start(
         if settings.use_remote_tokenizer
         else None
     )
-    cost = CostModel(
-        CostParams().with_prior_scale(settings.cost_prior_scale),
-        pure_python=settings.index.pure_python,
-    )
-    if settings.bootstrap_peer is not None:
-        await cost_model_from_peer(
-            control_client, settings.bootstrap_peer, settings.admin_token, cost
-        )
     pin_lookup = PinLookup()
     router = Router(
         registry=registry,

@@ -1,4 +1,5 @@
-"""The snapshot directory: one file per pod, replaced atomically, read back at start-up.
+"""The snapshot directory: one file per pod and the learned cost model's, each replaced
+atomically, read back at start-up.
 
 A write goes to a temporary file in the same directory, is fsynced, renamed over the
 pod's file and the directory is fsynced: a crash at any point leaves either the old file
@@ -20,6 +21,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 SUFFIX = ".kvsnap"
+COST_MODEL_FILE = "cost-model.json"
+"""The cost model's export (`/admin/cost-model`); never a pod's file (those begin `pod`)."""
 _TEMP_SUFFIX = ".tmp"
 _MAX_QUOTED = 200  # file names stay well under the usual 255-byte limit
 
@@ -52,27 +55,29 @@ class SnapshotDir:
         Returns how many were removed."""
         self.path.mkdir(parents=True, exist_ok=True)
         removed = 0
-        for leftover in self.path.glob(f".*{SUFFIX}.*{_TEMP_SUFFIX}"):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
-                removed += 1
+        for final in (f"*{SUFFIX}", COST_MODEL_FILE):
+            for leftover in self.path.glob(f".{final}.*{_TEMP_SUFFIX}"):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
+                    removed += 1
         return removed
 
     def read_all(self, max_bytes: int) -> list[SnapshotFile]:
-        files: list[SnapshotFile] = []
-        for path in sorted(self.path.glob(f"pod*{SUFFIX}")):
-            try:
-                if path.stat().st_size > max_bytes:
-                    files.append(SnapshotFile(path, None, "too_large"))
-                    continue
-                files.append(SnapshotFile(path, path.read_bytes()))
-            except OSError:
-                files.append(SnapshotFile(path, None, "unreadable"))
-        return files
+        return [_read(path, max_bytes) for path in sorted(self.path.glob(f"pod*{SUFFIX}"))]
+
+    def read_cost_model(self, max_bytes: int) -> SnapshotFile | None:
+        """The cost model's file; None when there is none."""
+        path = self.path / COST_MODEL_FILE
+        return _read(path, max_bytes) if path.exists() else None
 
     def write(self, pod: str, data: bytes) -> None:
         """Replace the pod's file with `data`, durably (see the module docstring)."""
-        final = self.path / file_name(pod)
+        self._replace(self.path / file_name(pod), data)
+
+    def write_cost_model(self, data: bytes) -> None:
+        self._replace(self.path / COST_MODEL_FILE, data)
+
+    def _replace(self, final: Path, data: bytes) -> None:
         # Unique per process and write: a write abandoned by a cancelled task may still be
         # running in its thread when the next one starts.
         temp = self.path / f".{final.name}.{os.getpid()}.{next(self._temp_names)}{_TEMP_SUFFIX}"
@@ -110,3 +115,12 @@ class SnapshotDir:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _read(path: Path, max_bytes: int) -> SnapshotFile:
+    try:
+        if path.stat().st_size > max_bytes:
+            return SnapshotFile(path, None, "too_large")
+        return SnapshotFile(path, path.read_bytes())
+    except OSError:
+        return SnapshotFile(path, None, "unreadable")

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import json
+import logging
 
 import httpx
 from prometheus_client import CollectorRegistry
 
 from gateway.errors import ConfigError
-from gateway.persistence.files import SnapshotDir
+from gateway.persistence.files import SnapshotDir, SnapshotFile
 from gateway.persistence.metrics import SnapshotMetrics
 from gateway.persistence.peer import bootstrap_from_peer
 from gateway.persistence.snapshots import SnapshotRestorer, capture_pod
 from gateway.persistence.writer import SnapshotWriter
 from gateway.registry import PodRegistry
+from gateway.routing import CostModel
 from gateway.settings import Settings
 from indexer import SyncPrefixHashTable
 from subscriber import SubscriberManager
+
+logger = logging.getLogger(__name__)
 
 
 async def restore_snapshots(
@@ -24,17 +30,22 @@ async def restore_snapshots(
     table: SyncPrefixHashTable,
     metrics_registry: CollectorRegistry,
     client: httpx.AsyncClient,
+    cost: CostModel,
 ) -> SnapshotRestorer:
     """Load the snapshot files, then the peer's (which win: they are the fresher view);
-    they are restored when discovery starts each pod's subscriber."""
+    they are restored when discovery starts each pod's subscriber. The cost model's file
+    fills in what `cost` has not taken from a peer already."""
     restorer = SnapshotRestorer(table, SnapshotMetrics(metrics_registry))
     if settings.snapshot_dir is not None:
         directory = SnapshotDir(settings.snapshot_dir)
         try:
             await restorer.load_dir(directory, settings.snapshot_max_bytes)
+            found = await asyncio.to_thread(directory.read_cost_model, settings.snapshot_max_bytes)
         except OSError as exc:  # the directory itself: a configuration error, said once
             allowed = f"a directory the gateway can create and read ({exc.strerror})"
             raise ConfigError("KVGATE_SNAPSHOT_DIR", str(directory.path), allowed) from None
+        if found is not None:
+            _restore_cost_model(cost, found, restorer.metrics)
     if settings.bootstrap_peer is not None:
         await bootstrap_from_peer(
             client,
@@ -46,12 +57,35 @@ async def restore_snapshots(
     return restorer
 
 
+def _restore_cost_model(cost: CostModel, found: SnapshotFile, metrics: SnapshotMetrics) -> None:
+    try:
+        exported = json.loads(found.data) if found.data is not None else None
+    except ValueError:  # UnicodeDecodeError included
+        exported = None
+    if exported is None:
+        metrics.ignored.labels(found.error or "malformed").inc()
+        logger.warning("cost model file %s not used (%s)", found.path, found.error or "malformed")
+        return
+    # What a peer gave is kept; a file of another version or shape gives nothing.
+    taken = cost.adopt(exported)
+    logger.info("cost model file %s: %d parts taken (the fleet's model and pods' speeds)",
+                found.path, taken)  # fmt: skip
+
+
+def _cost_model_file(cost: CostModel) -> bytes | None:
+    """What the cost model's file holds now; None until it has learned anything."""
+    if not cost.fleet.observations:
+        return None
+    return json.dumps(cost.export(), sort_keys=True).encode()
+
+
 def snapshot_writer(
     settings: Settings,
     table: SyncPrefixHashTable,
     subscribers: SubscriberManager | None,
     pods: PodRegistry,
     restorer: SnapshotRestorer | None,
+    cost: CostModel,
 ) -> SnapshotWriter | None:
     """The periodic writer, when KVGATE_SNAPSHOT_DIR is set (and KV events are on)."""
     if settings.snapshot_dir is None or subscribers is None or restorer is None:
@@ -63,4 +97,5 @@ def snapshot_writer(
         metrics=restorer.metrics,
         interval_s=settings.snapshot_interval_s,
         max_bytes=settings.snapshot_max_bytes,
+        cost_model=functools.partial(_cost_model_file, cost),
     )

@@ -1,4 +1,5 @@
-"""The periodic snapshot writer: every pod whose index moved since its last snapshot.
+"""The periodic snapshot writer: every pod whose index moved since its last snapshot, and
+the cost model when it learned since its last file.
 
 Taking a snapshot is synchronous on the event loop (that is what makes it consistent);
 encoding and the file I/O run in a thread. A write abandoned by cancellation finishes in
@@ -9,6 +10,7 @@ never replace a newer one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Iterable
 
@@ -29,7 +31,9 @@ class SnapshotWriter:
         metrics: SnapshotMetrics,
         interval_s: float,
         max_bytes: int,
+        cost_model: Callable[[], bytes | None] | None = None,
     ) -> None:
+        """`cost_model`: the cost model's file as it is now (None: nothing learned yet)."""
         self._dir = directory
         self._capture = capture
         self._pods = pods
@@ -39,6 +43,8 @@ class SnapshotWriter:
         # pod -> (seq, digest, whole) of its last snapshot written (or refused as too large)
         self._written: dict[str, tuple[int, int, bool]] = {}
         self._inflight: asyncio.Future[None] | None = None
+        self._cost_model = cost_model
+        self._cost_model_written: bytes | None = None
 
     async def run(self) -> None:
         while True:
@@ -70,7 +76,7 @@ class SnapshotWriter:
                 )
                 continue
             try:
-                await self._write(name, data)
+                await self._write(functools.partial(self._dir.write, name, data))
             except OSError as exc:
                 self._metrics.writes.labels("error").inc()
                 logger.warning("snapshot of pod %s not written: %s", name, exc)
@@ -86,7 +92,21 @@ class SnapshotWriter:
                 logger.warning("snapshots of pods that went not removed: %s", exc)
             for name in gone:
                 del self._written[name]
-        return written
+        return written + await self._write_cost_model()
+
+    async def _write_cost_model(self) -> int:
+        data = self._cost_model() if self._cost_model is not None else None
+        if data is None or data == self._cost_model_written:
+            return 0
+        try:
+            await self._write(functools.partial(self._dir.write_cost_model, data))
+        except OSError as exc:
+            self._metrics.writes.labels("error").inc()
+            logger.warning("cost model not written: %s", exc)
+            return 0
+        self._cost_model_written = data
+        self._metrics.writes.labels("ok").inc()
+        return 1
 
     async def close(self) -> None:
         """The final snapshot, on a clean shutdown (after `run` was cancelled)."""
@@ -94,6 +114,6 @@ class SnapshotWriter:
             await asyncio.wait([self._inflight])
         await self.write_all()
 
-    async def _write(self, name: str, data: bytes) -> None:
-        self._inflight = asyncio.ensure_future(asyncio.to_thread(self._dir.write, name, data))
+    async def _write(self, write: Callable[[], None]) -> None:
+        self._inflight = asyncio.ensure_future(asyncio.to_thread(write))
         await asyncio.shield(self._inflight)

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.errors import ConfigError
 from gateway.persistence import file_name
+from gateway.persistence.files import COST_MODEL_FILE
 from gateway.settings import Settings
 from indexer import decode_snapshot
 from simulator import EngineServer
@@ -334,3 +335,32 @@ def test_a_snapshot_dir_that_cannot_be_created_stops_start_up(tmp_path: Path) ->
     )
     assert done.returncode != 0
     assert f"KVGATE_SNAPSHOT_DIR='{blocker / 'snapshots'}' is invalid" in done.stderr
+
+
+async def test_a_restarted_gateway_keeps_what_its_cost_model_learned(
+    start_engine: StartEngine, start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    engines = await start_fleet(start_engine)
+    snaps = tmp_path / "snapshots"
+    first = await start_gateway(engines=0, pods=entries(engines), snapshot_dir=snaps)
+    async with first.client() as client:
+        for i in range(8):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"q{i} {FILLER}"}],
+                    "max_tokens": 2, "stream": True}  # fmt: skip
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                assert response.status_code == 200
+                await response.aread()
+    learned = first.state.router.cost.export()
+    assert learned["fleet"]["observations"] == 8 and learned["speeds"]
+    await first.server.stop()  # the final snapshot includes the cost model
+    assert (snaps / COST_MODEL_FILE).exists()
+
+    second = await start_gateway(engines=0, pods=entries(engines), snapshot_dir=snaps)
+    assert second.state.router.cost.export() == learned  # it predicts as the first did
+    await second.server.stop()
+
+    (snaps / COST_MODEL_FILE).write_bytes(b"{not json")
+    third = await start_gateway(engines=0, pods=entries(engines), snapshot_dir=snaps)
+    assert sample(third, "kvgate_snapshots_ignored_total", reason="malformed") == 1
+    assert third.state.router.cost.fleet.observations == 0  # from the prior, and serving
+    await wait_equal(third, engines)
