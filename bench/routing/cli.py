@@ -114,7 +114,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="closed loop: the users join one by one over this many model seconds "
-        "(default: the mean think time, 0.5; 0: all at once)",
+        "(default: at the rate of 80%% of the fleet's ideal capacity; 0: all at once)",
     )
     add("--conversations", type=int, default=None, help="conversations per workload (160)")
     add("--turns", type=int, default=None, help="turns per chat conversation (5)")

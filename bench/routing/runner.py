@@ -75,9 +75,23 @@ class RoutingOptions:
     """In each run with several replicas, kill one under load and replace it
     (bench/routing/failover.py)."""
     ramp_s: float | None = None
-    """Closed loop: model seconds over which the users join; None: the workload's mean
-    think time (users of a service do not all send their first request in the same
-    millisecond); 0: all at once."""
+    """Closed loop: model seconds over which the users join; None: at `RAMP_LOAD` of the
+    fleet's ideal capacity (see `ramp_for`); 0: all at once."""
+
+
+RAMP_LOAD = 0.8
+"""Closed-loop users join at the rate of the open loop's default load."""
+
+
+def ramp_for(options: RoutingOptions, capacity_rps: float) -> float:
+    """Model seconds over which the closed loop's users join. Users of a service do not
+    all send their first request in the same millisecond, and a fleet hit by every user's
+    cold first turn at once is in an overload no steady state has (160 chat users joining
+    within 0.5 s put a median 4.6 s on the first tenth of the answers, and threw the cost
+    model off for most of the run: docs/benchmarks.md)."""
+    if options.ramp_s is not None:
+        return options.ramp_s
+    return options.concurrency / (RAMP_LOAD * capacity_rps) if capacity_rps > 0 else 0.0
 
 
 def run_routing(options: RoutingOptions) -> int:
@@ -103,6 +117,8 @@ async def _main(options: RoutingOptions) -> int:
             if needs_vllm_like_engines(options.routers):
                 plan = plan.vllm_like()
             plans[workload] = _describe(script, plan, capacity)
+            if options.mode == "closed":
+                plans[workload]["closed_ramp_s"] = ramp_for(options, capacity)
             _say(options, _intro(script, plan, capacity))
             engines = engine_processes(plan, logs / workload, options.seed)
             try:
@@ -117,7 +133,7 @@ async def _main(options: RoutingOptions) -> int:
                     for router, (replicas, shared) in _runs(options):
                         result, values, pairs = await _run_one(
                             options, client, script, plan, engines, pods, router, load, rate,
-                            replicas, shared,
+                            replicas, shared, ramp_s=ramp_for(options, capacity),
                         )  # fmt: skip
                         point.append(result)
                         ttfts[f"{workload}|{result.label}|{load}"] = values
@@ -164,6 +180,8 @@ async def _run_one(
     rate: float,
     replicas: int = 1,
     shared: bool = False,
+    *,
+    ramp_s: float = 0.0,
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     endpoints = endpoints_of(engines)
     await reset_prefix_caches(client, [e.url for e in endpoints])
@@ -202,7 +220,7 @@ async def _run_one(
             rate=rate,
             concurrency=options.concurrency,
             time_scale=plan.time_scale,
-            ramp_s=options.size.think_s_mean if options.ramp_s is None else options.ramp_s,
+            ramp_s=ramp_s,
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import subprocess
@@ -27,6 +28,7 @@ from bench.routing.loadgen import LoadSpec
 from bench.routing.oracle import Engine, Oracle
 from bench.routing.report import check_targets
 from bench.routing.routers import kv_aware_args, make_router, needs_vllm_like_engines
+from bench.routing.runner import RoutingOptions, ramp_for
 from bench.routing.summary import RunResult
 from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
 from simulator import LatencyModel
@@ -333,3 +335,13 @@ async def test_closed_loop_users_join_one_by_one_over_the_ramp(
     for started, in_flight in starts:  # user k joins k steps after the start, not before
         joined = min(users, int((started - origin) / step) + 1)
         assert in_flight <= joined, (started - origin, in_flight)
+
+
+def test_closed_loop_users_join_at_the_open_loops_default_load_unless_told() -> None:
+    options = RoutingOptions(
+        workloads=["chat"], routers=["prefix-cache"], engines=8, loads=[0.8], mode="closed",
+        concurrency=160, size=SMALL, time_scale=None, seed=0, out_dir=Path("unused"),
+    )  # fmt: skip
+    assert ramp_for(options, 100.0) == pytest.approx(160 / 80.0)  # 80 % of 100 req/s
+    assert ramp_for(dataclasses.replace(options, ramp_s=0.0), 100.0) == 0.0  # all at once
+    assert ramp_for(dataclasses.replace(options, ramp_s=3.0), 100.0) == 3.0
