@@ -95,7 +95,7 @@ def make_router(
     time_scale: float = 1.0,
 ) -> RouterProcess:
     """Router `name` on a free port; `replica`: one of several kvgate replicas (own log).
-    `time_scale`: the engines' (model seconds per wall second): kvgate's cost model is told
+    `time_scale`: the engines' model seconds per wall second. kvgate's cost model is told
     that its pods answer 1 / `time_scale` times as slowly as its prior says (a calibrated
     14B model on one GPU, which a simulated engine is in model time), as an operator tells
     it of a slower GPU."""
