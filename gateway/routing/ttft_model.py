@@ -165,12 +165,35 @@ class TtftModel:
         lam = self._params.forgetting
         p = self._p
         n = len(x)
+        theta = self.theta
         px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
         denominator = lam / weight + sum(x[i] * px[i] for i in range(n))
         gain = [v / denominator for v in px]
-        theta = self.theta
-        for i in range(n):
-            theta[i] = max(0.0, theta[i] + gain[i] * residual)  # more work never costs less
+        # More work never costs less: coefficients stay >= 0, each clipped at 0.
+        clipped = [max(0.0, theta[i] + gain[i] * residual) for i in range(n)]
+        moved = sum((clipped[i] - theta[i]) * x[i] for i in range(n))
+        if moved * residual >= 0.0:
+            theta[:] = clipped
+        else:
+            # Clipping kept the raises of the coefficients it did not clip, and this
+            # answer's prediction moved away from what was observed: under a burst that
+            # fed on itself and the model ran away (docs/benchmarks.md). Instead, each
+            # coefficient the update takes below 0 is set to 0 and the rest fitted again
+            # without it (the covariance restricted to them).
+            free = [True] * n
+            error = residual
+            step = gain
+            while held := [i for i in range(n) if free[i] and theta[i] + step[i] * error < 0.0]:
+                for i in held:
+                    free[i] = False
+                    error += theta[i] * x[i]  # its part of the prediction goes
+                    theta[i] = 0.0
+                free_px = [sum(p[i][j] * x[j] for j in range(n) if free[j]) if free[i] else 0.0
+                           for i in range(n)]  # fmt: skip
+                free_denominator = lam / weight + sum(x[i] * free_px[i] for i in range(n))
+                step = [v / free_denominator for v in free_px]
+            for i in range(n):
+                theta[i] += step[i] * error
         self.coefficients = tuple(theta)
         for i in range(n):
             gi = gain[i]

@@ -669,3 +669,18 @@ def test_predictions_stay_unbiased_on_recorded_runs_that_drifted(run: str) -> No
     magnitudes = sorted(abs(e) for e in errors)
     assert magnitudes[int(0.9 * len(magnitudes))] <= 0.25
     assert abs(statistics.median(errors)) <= 0.03
+
+
+def test_predictions_recover_after_a_burst_of_first_turns() -> None:
+    """A recorded closed-loop chat run whose users all sent their first turn within 2.1
+    model seconds: clipping each coefficient at 0 kept the raises of the others, so an
+    over-prediction raised the next one, and the model ran away (a median error of −160 %
+    over these 800 answers). Replayed through the model as it is now, it stays centred."""
+    path = Path(__file__).parent / "data" / "cost_model_burst_run.json"
+    recorded = json.loads(path.read_text())
+    errors = _replay(recorded["run"], CostParams().with_prior_scale(recorded["prior_scale"]))
+    assert len(errors) == 800
+    magnitudes = sorted(abs(e) for e in errors)
+    assert abs(statistics.median(errors)) <= 0.05
+    assert magnitudes[len(magnitudes) // 2] <= 0.25
+    assert magnitudes[int(0.9 * len(magnitudes))] <= 0.75
