@@ -117,8 +117,9 @@ async def _main(options: RoutingOptions) -> int:
             if needs_vllm_like_engines(options.routers):
                 plan = plan.vllm_like()
             plans[workload] = _describe(script, plan, capacity)
+            ramp = ramp_for(options, capacity)
             if options.mode == "closed":
-                plans[workload]["closed_ramp_s"] = ramp_for(options, capacity)
+                plans[workload]["closed_ramp_s"] = ramp
             _say(options, _intro(script, plan, capacity))
             engines = engine_processes(plan, logs / workload, options.seed)
             try:
@@ -133,7 +134,7 @@ async def _main(options: RoutingOptions) -> int:
                     for router, (replicas, shared) in _runs(options):
                         result, values, pairs = await _run_one(
                             options, client, script, plan, engines, pods, router, load, rate,
-                            replicas, shared, ramp_s=ramp_for(options, capacity),
+                            replicas, shared, ramp_s=ramp,
                         )  # fmt: skip
                         point.append(result)
                         ttfts[f"{workload}|{result.label}|{load}"] = values

@@ -75,14 +75,10 @@ class SnapshotWriter:
                     self._max_bytes,
                 )
                 continue
-            try:
-                await self._write(functools.partial(self._dir.write, name, data))
-            except OSError as exc:
-                self._metrics.writes.labels("error").inc()
-                logger.warning("snapshot of pod %s not written: %s", name, exc)
+            if not await self._write(functools.partial(self._dir.write, name, data),
+                                     f"snapshot of pod {name}"):  # fmt: skip
                 continue
             self._written[name] = key
-            self._metrics.writes.labels("ok").inc()
             written += 1
         gone = set(self._written) - set(names)
         if gone:
@@ -98,14 +94,9 @@ class SnapshotWriter:
         data = self._cost_model() if self._cost_model is not None else None
         if data is None or data == self._cost_model_written:
             return 0
-        try:
-            await self._write(functools.partial(self._dir.write_cost_model, data))
-        except OSError as exc:
-            self._metrics.writes.labels("error").inc()
-            logger.warning("cost model not written: %s", exc)
+        if not await self._write(functools.partial(self._dir.write_cost_model, data), "cost model"):
             return 0
         self._cost_model_written = data
-        self._metrics.writes.labels("ok").inc()
         return 1
 
     async def close(self) -> None:
@@ -114,6 +105,14 @@ class SnapshotWriter:
             await asyncio.wait([self._inflight])
         await self.write_all()
 
-    async def _write(self, write: Callable[[], None]) -> None:
+    async def _write(self, write: Callable[[], None], what: str) -> bool:
+        """Run one file write in a thread; counted, and logged when it fails."""
         self._inflight = asyncio.ensure_future(asyncio.to_thread(write))
-        await asyncio.shield(self._inflight)
+        try:
+            await asyncio.shield(self._inflight)
+        except OSError as exc:
+            self._metrics.writes.labels("error").inc()
+            logger.warning("%s not written: %s", what, exc)
+            return False
+        self._metrics.writes.labels("ok").inc()
+        return True

@@ -166,9 +166,8 @@ class TtftModel:
         p = self._p
         n = len(x)
         theta = self.theta
-        px = [sum(p[i][j] * x[j] for j in range(n)) for i in range(n)]
-        denominator = lam / weight + sum(x[i] * px[i] for i in range(n))
-        gain = [v / denominator for v in px]
+        free = [True] * n
+        px, gain = _gain(p, x, free, lam / weight)
         # More work never costs less: coefficients stay >= 0, each clipped at 0.
         clipped = [max(0.0, theta[i] + gain[i] * residual) for i in range(n)]
         moved = sum((clipped[i] - theta[i]) * x[i] for i in range(n))
@@ -180,7 +179,6 @@ class TtftModel:
             # fed on itself and the model ran away (docs/benchmarks.md). Instead, each
             # coefficient the update takes below 0 is set to 0 and the rest fitted again
             # without it (the covariance restricted to them).
-            free = [True] * n
             error = residual
             step = gain
             while held := [i for i in range(n) if free[i] and theta[i] + step[i] * error < 0.0]:
@@ -188,10 +186,7 @@ class TtftModel:
                     free[i] = False
                     error += theta[i] * x[i]  # its part of the prediction goes
                     theta[i] = 0.0
-                free_px = [sum(p[i][j] * x[j] for j in range(n) if free[j]) if free[i] else 0.0
-                           for i in range(n)]  # fmt: skip
-                free_denominator = lam / weight + sum(x[i] * free_px[i] for i in range(n))
-                step = [v / free_denominator for v in free_px]
+                _, step = _gain(p, x, free, lam / weight)
             for i in range(n):
                 theta[i] += step[i] * error
         self.coefficients = tuple(theta)
@@ -215,6 +210,18 @@ class TtftModel:
         else:
             self.residual_scale = 1.05 * scale
         self.observations += 1
+
+
+def _gain(
+    p: list[list[float]], x: tuple[float, ...], free: list[bool], noise: float
+) -> tuple[list[float], list[float]]:
+    """P·x and the least-squares gain of one answer over the `free` coefficients (the
+    covariance restricted to them; the others' entries are 0). `noise`: λ / the answer's
+    weight."""
+    n = len(x)
+    px = [sum(p[i][j] * x[j] for j in range(n) if free[j]) if free[i] else 0.0 for i in range(n)]
+    denominator = noise + sum(x[i] * px[i] for i in range(n))
+    return px, [v / denominator for v in px]
 
 
 class PodSpeed:
