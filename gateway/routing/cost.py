@@ -729,6 +729,10 @@ class CostModel:
         work = self._pods.get(pod)
         return 0.0 if work is None else self._decayed_activity(work, self._clock())
 
+    def arrival_rate(self, pod: str) -> float:
+        """Requests routed to `pod` per second lately (`activity` over its window)."""
+        return self.activity(pod) / self.params.activity_window_s
+
     def load(self, pod: str) -> float:
         """`activity` × the pod's speed: the time its recent traffic costs it, in units of
         an average pod's (what placements balance on a mixed fleet)."""

@@ -152,6 +152,7 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
         affinity_tolerance=params.number("affinity_tolerance", 0.0, high=10.0),
         prefill_weight=params.number("prefill_weight", 0.0, high=100.0),
         delay_weight=params.number("delay_weight", 0.0, high=100.0),
+        arrival_weight=params.number("arrival_weight", 0.0, high=100.0),
         probe_rate=params.number("probe_rate", 0.02, high=1.0),
         placement_tolerance=(
             params.number("placement_tolerance", 0.25, high=10.0)

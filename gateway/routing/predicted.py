@@ -115,6 +115,7 @@ class MinPredictedTtftPicker:
         affinity_tolerance: float = 0.0,
         prefill_weight: float = 0.0,
         delay_weight: float = 0.0,
+        arrival_weight: float = 0.0,
         probe_rate: float = 0.02,
         placement_tolerance: float = 0.25,
         placement_key: str = "load",
@@ -127,6 +128,7 @@ class MinPredictedTtftPicker:
         self.affinity_tolerance = affinity_tolerance
         self.prefill_weight = prefill_weight
         self.delay_weight = delay_weight
+        self.arrival_weight = arrival_weight
         self.probe_rate = probe_rate
         self.placement_tolerance = placement_tolerance
         self.placement_key = placement_key
@@ -150,7 +152,13 @@ class MinPredictedTtftPicker:
         # regenerated answer), not a new conversation: it goes where it is cached.
         repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
-        if slo is None and not placing and not self.prefill_weight and not self.affinity_tolerance:
+        if (
+            slo is None
+            and not placing
+            and not self.prefill_weight
+            and not self.affinity_tolerance
+            and not self.arrival_weight
+        ):
             # Only the TTFT (and the delay to others) counts: ranked and its near-ties
             # ordered in one compiled pass.
             order, _, equal = self._cost.rank_order(
@@ -197,6 +205,15 @@ class MinPredictedTtftPicker:
             weight = self.delay_weight
             delays = self._cost.rank_delays(pods, names, prefills)
             costs = [cost + weight * delay for cost, delay in zip(costs, delays, strict=True)]
+        if self.arrival_weight:
+            # What its prefill there costs the requests that reach that pod while it runs
+            # (at the pod's recent rate): each waits out the rest of it, half on average.
+            weight = self.arrival_weight / 2.0
+            rate = self._cost.arrival_rate
+            costs = [
+                cost + weight * rate(name) * prefill * prefill
+                for cost, prefill, name in zip(costs, prefills, names, strict=True)
+            ]
         order = self._cost.kernels.argsort(costs)
         probed = self._probed(order, names)
         if probed is not None:
