@@ -84,7 +84,9 @@ class MinPredictedTtftPicker:
 
     `prefill_weight` charges the request's own prefill on a pod that much again: the
     compute a cache miss burns is capacity every later request loses, which this request's
-    own TTFT does not see (0: pure TTFT).
+    own TTFT does not see (0: pure TTFT). `arrival_weight` charges what its prefill costs
+    the requests that reach the pod while it runs (at the pod's recent rate, each waiting
+    out half of it): quadratic in the prefill, so it weighs on moving a long history.
 
     A conversation's first turn is a placement: its later turns follow it to its pod, so
     it goes where the conversation will be served fastest, not where this one request is —
