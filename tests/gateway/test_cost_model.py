@@ -501,7 +501,8 @@ def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
 
 
 def test_arrival_weight_charges_what_a_prefill_costs_the_requests_arriving_during_it() -> None:
-    """Two pods as fast: one with a request waiting, one idle that was just sent a burst.
+    """Two pods as fast as each other: one with a request waiting, one idle that was just
+    sent a burst.
     By its own TTFT a long prompt goes to the idle one; charged for the requests that reach
     that pod while its prefill runs (`arrival_weight`: the pod's recent rate × the prefill
     × half of it, each waiting out the rest), to the one with less traffic."""
@@ -515,7 +516,8 @@ def test_arrival_weight_charges_what_a_prefill_costs_the_requests_arriving_durin
     req = request(6000)
     ttfts, prefills = cost.rank_costs(pods, [0.0, 0.0], 6000)
     assert ttfts[1] < ttfts[0]
-    rates = [cost.arrival_rate(name) for name in ("quiet", "busy")]
+    names = ("quiet", "busy")
+    rates = [cost.arrival_rate(name) for name in names]
     assert rates[1] == pytest.approx(40 / cost.params.activity_window_s, rel=0.05)
     assert rates[0] == pytest.approx(1 / cost.params.activity_window_s, rel=0.05)
     ranked = {}
@@ -523,11 +525,11 @@ def test_arrival_weight_charges_what_a_prefill_costs_the_requests_arriving_durin
         picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
                                         tie_tolerance=0.0, arrival_weight=weight)  # fmt: skip
         ranked[weight] = [state.name for state in picker.rank(req, pods, {})]
-        charged = [
-            ttft + weight / 2 * rate * prefill**2
-            for ttft, rate, prefill in zip(ttfts, rates, prefills, strict=True)
-        ]
-        assert ranked[weight] == sorted(("quiet", "busy"), key=lambda n: charged[n == "busy"])
+        charged = {
+            name: ttft + weight / 2 * rate * prefill**2
+            for name, ttft, rate, prefill in zip(names, ttfts, rates, prefills, strict=True)
+        }
+        assert ranked[weight] == sorted(charged, key=charged.__getitem__)
     assert ranked == {0.0: ["busy", "quiet"], 1.0: ["quiet", "busy"]}
     cost.finish(waiting)
 
