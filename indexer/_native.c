@@ -1860,8 +1860,24 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
     return order;
 }
 
+/* Reads `list`, one float per pod, into `out`; 0 with an exception set otherwise (`what`
+ * names it in the error). */
+static int read_pod_list(PyObject *list, Py_ssize_t count, double *out, const char *signature,
+                         const char *what) {
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, signature);
+        return 0;
+    }
+    if (PyList_GET_SIZE(list) != count) {
+        PyErr_Format(PyExc_ValueError, "affine_order: the %s differ in length", what);
+        return 0;
+    }
+    return read_doubles(list, count, out);
+}
+
 /* gateway.routing.kernels.affine_order: affine_costs' TTFTs (each charged `delay_weight`
- * times the requests waiting on that pod times its own prefill, when not 0), their
+ * times the requests waiting on that pod times its own prefill, and `arrival_weight` times
+ * the pod's arrival rate times its own prefill squared, each when not 0), their
  * argsort, and the pods within `tolerance` of the best (`ties`, at least one) moved into
  * descending order of cached tokens, stably; `equal`: how many of those hold as much as the
  * first. What the cost-model picker ranks by when nothing else counts, in one pass and
@@ -1869,33 +1885,28 @@ static PyObject *native_argsort(PyObject *module, PyObject *values) {
 static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     static const char signature[] =
         "affine_order(bases: list, units: list, ends: list, cached: list, prompt_tokens, "
-        "step_term, now, tolerance, waits: list, delay_weight)";
+        "step_term, now, tolerance, waits: list, delay_weight, rates: list, arrival_weight)";
     AffineArgs a;
-    if (!read_affine_args(args, nargs, 10, "affine_order", signature, 2, &a)) {
+    if (!read_affine_args(args, nargs, 12, "affine_order", signature, 3, &a)) {
         return NULL;
     }
     Py_ssize_t count = a.count;
     double *cached = a.cached, *ttfts = a.values + 4 * count;
-    double *waits = a.values + 5 * count;
+    double *waits = a.values + 5 * count, *rates = a.values + 6 * count;
     double tolerance = PyFloat_AsDouble(args[7]);
     double weight = PyFloat_AsDouble(args[9]);
+    double arrival_weight = PyFloat_AsDouble(args[11]);
     Ranked *ranked = NULL;
     PyObject *order = NULL, *result = NULL;
     if (PyErr_Occurred()) {
         goto done;
     }
-    if (weight != 0.0) { /* the waits are read only when they count */
-        if (!PyList_Check(args[8])) {
-            PyErr_SetString(PyExc_TypeError, signature);
-            goto done;
-        }
-        if (PyList_GET_SIZE(args[8]) != count) {
-            PyErr_SetString(PyExc_ValueError, "affine_order: the waits differ in length");
-            goto done;
-        }
-        if (!read_doubles(args[8], count, waits)) {
-            goto done;
-        }
+    /* the waits and the rates are read only when they count */
+    if (weight != 0.0 && !read_pod_list(args[8], count, waits, signature, "waits")) {
+        goto done;
+    }
+    if (arrival_weight != 0.0 && !read_pod_list(args[10], count, rates, signature, "rates")) {
+        goto done;
     }
     ranked = PyMem_Malloc(sizeof(Ranked) * (size_t)(count ? count : 1));
     if (ranked == NULL) {
@@ -1908,6 +1919,12 @@ static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py
         if (weight != 0.0) { /* what it adds to those waiting there */
             double delay = waits[i] * prefill;
             double charged = weight * delay;
+            ttft = ttft + charged;
+        }
+        if (arrival_weight != 0.0) { /* what it adds to those arriving while it runs */
+            double squared = prefill * prefill;
+            double arrivals = rates[i] * squared;
+            double charged = arrival_weight * arrivals;
             ttft = ttft + charged;
         }
         ttfts[i] = ttft;

@@ -45,6 +45,8 @@ def affine_order(
     tolerance: float,
     waits: list[float],
     delay_weight: float,
+    rates: list[float],
+    arrival_weight: float,
     /,
 ) -> tuple[list[int], int, int]: ...
 def pod_estimate(

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple, Protocol
 
 from gateway.routing.kernels import SEQ_UNIT as _SEQ_UNIT
 from gateway.routing.kernels import TOKEN_UNIT as _TOKEN_UNIT
-from gateway.routing.kernels import Kernels, delays
+from gateway.routing.kernels import Kernels, arrivals, delays
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
 
 __all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
@@ -176,14 +176,15 @@ class _Ranking:
     Valid for the θ and the scrapes it was built with, and for the pods' work up to
     `position` in the model's change log of `epoch`."""
 
-    __slots__ = ("bases", "ends", "epoch", "index", "pods", "position", "scraped",
-                 "theta_version", "units", "waits")  # fmt: skip
+    __slots__ = ("active_at", "activities", "bases", "ends", "epoch", "index", "pods",
+                 "position", "scraped", "theta_version", "units", "waits")  # fmt: skip
 
     def __init__(
         self,
         pods: tuple[ScrapedPod, ...],
         scraped: list[float | None],
         estimates: list[_Estimate],
+        works: list[_PodWork],
         epoch: int,
         theta_version: int,
         position: int,
@@ -196,6 +197,9 @@ class _Ranking:
         self.ends = [e.step_end for e in estimates]
         self.waits = [e.pending_requests for e in estimates]
         """Requests waiting there for the next step (a new request would join them)."""
+        self.activities = [work.activity for work in works]
+        self.active_at = [work.activity_at for work in works]
+        """Each pod's activity, as of when it was last set (it decays from then)."""
         self.epoch = epoch
         self.theta_version = theta_version
         self.position = position
@@ -389,16 +393,37 @@ class CostModel:
         names: Sequence[str] | None,
         tolerance: float,
         delay_weight: float = 0.0,
+        arrival_weight: float = 0.0,
     ) -> tuple[list[int], int, int]:
-        """`rank_costs`' TTFTs, each charged `delay_weight` times `rank_delays`, ranked in
-        one pass (`kernels.affine_order`): (the pods' indices, fastest first but those
-        within `tolerance` of the fastest by cached tokens; how many are within it; how many
-        of those hold as much as the first)."""
+        """`rank_costs`' TTFTs, each charged `delay_weight` times `rank_delays` and
+        `arrival_weight` times `rank_arrivals`, ranked in one pass (`kernels.affine_order`):
+        (the pods' indices, fastest first but those within `tolerance` of the fastest by
+        cached tokens; how many are within it; how many of those hold as much as the
+        first)."""
         ranking, now = self._current_ranking(pods, names)
+        rates = self._rates(ranking, now) if arrival_weight else []
         return self.kernels.affine_order(
             ranking.bases, ranking.units, ranking.ends, cached, prompt_tokens,
-            self._theta[STEP_TERM], now, tolerance, ranking.waits, delay_weight,
+            self._theta[STEP_TERM], now, tolerance, ranking.waits, delay_weight, rates,
+            arrival_weight,
         )  # fmt: skip
+
+    def rank_arrivals(
+        self, pods: Sequence[ScrapedPod], names: Sequence[str] | None, prefills: list[float]
+    ) -> list[float]:
+        """Per pod (in the order of `pods`), the requests that reach it while a prefill of
+        `prefills[i]` runs there, times that prefill (`kernels.arrivals`): half of it is
+        the time they wait out between them."""
+        ranking, now = self._current_ranking(pods, names)
+        return arrivals(prefills, self._rates(ranking, now))
+
+    def _rates(self, ranking: _Ranking, now: float) -> list[float]:
+        """Each candidate's `arrival_rate` as of `now`, from the ranking's activities."""
+        window = self.params.activity_window_s
+        return [
+            activity * math.exp((at - now) / window) / window if activity else 0.0
+            for activity, at in zip(ranking.activities, ranking.active_at, strict=True)
+        ]
 
     def _current_ranking(
         self, pods: Sequence[ScrapedPod], names: Sequence[str] | None
@@ -432,6 +457,7 @@ class CostModel:
         changes = self._changes
         index, works, work_for = ranking.index, self._pods, self._work
         bases, units, ends, waits = ranking.bases, ranking.units, ranking.ends, ranking.waits
+        activities, active_at = ranking.activities, ranking.active_at
         current = self._current_estimate
         for changed in changes[ranking.position :]:
             name = changed.name
@@ -439,10 +465,11 @@ class CostModel:
             if at is None:
                 continue
             pod = pods[at]
-            e = current(works.get(name) or work_for(name), pod.scraped_at, pod.running,
-                        pod.waiting)  # fmt: skip
+            work = works.get(name) or work_for(name)
+            e = current(work, pod.scraped_at, pod.running, pod.waiting)
             # (the fields by index: a NamedTuple's names are Python properties)
             bases[at], units[at], ends[at], waits[at] = e[3], e[4], e[5], e[7]
+            activities[at], active_at[at] = work.activity, work.activity_at
         ranking.position = len(changes)
 
     def _ranking(
@@ -459,9 +486,11 @@ class CostModel:
             for name, pod in zip(key, pods, strict=True)
         ]
         estimates = self._estimates(candidates, now)
+        works = [self._pods.get(name) or self._work(name) for name in key]
         ranking = self._rankings[key] = _Ranking(
-            pods, scraped, estimates, self._epoch, self._theta_version, len(self._changes)
-        )
+            pods, scraped, estimates, works, self._epoch, self._theta_version,
+            len(self._changes),
+        )  # fmt: skip
         return ranking
 
     def _changed(self, work: _PodWork) -> None:

@@ -55,17 +55,23 @@ def affine_order(
     tolerance: float,
     waits: list[float],
     delay_weight: float,
+    rates: list[float],
+    arrival_weight: float,
 ) -> tuple[list[int], int, int]:
     """`affine_costs`' TTFTs ranked: (order, ties, equal). `order` is their `argsort`, but
     its first `ties` pods (those within `tolerance` of the best, at least one) in descending
     order of `cached` tokens (equal ones as they were); `equal`: how many of those hold as
     much as the first. Each TTFT is first charged `delay_weight` times the request's
-    `delays` on its pod (`waits`: read only when the weight is not 0). What the cost-model
+    `delays` on its pod (`waits`: read only when the weight is not 0), then
+    `arrival_weight` times its `arrivals` there (`rates`: likewise). What the cost-model
     picker ranks by when nothing else counts."""
     ttfts, prefills = affine_costs(bases, units, ends, cached, prompt_tokens, step_term, now)
     if delay_weight:
         charged = delays(prefills, waits)
         ttfts = [ttft + delay_weight * delay for ttft, delay in zip(ttfts, charged, strict=True)]
+    if arrival_weight:
+        charged = arrivals(prefills, rates)
+        ttfts = [ttft + arrival_weight * cost for ttft, cost in zip(ttfts, charged, strict=True)]
     order = argsort(ttfts)
     if not order:
         return order, 0, 0
@@ -78,6 +84,13 @@ def delays(prefills: list[float], waits: list[float]) -> list[float]:
     of the `waits[i]` requests waiting there for the next step: it is admitted with them,
     and each waits out its prefill."""
     return [waiting * prefill for prefill, waiting in zip(prefills, waits, strict=True)]
+
+
+def arrivals(prefills: list[float], rates: list[float]) -> list[float]:
+    """Per pod, the requests that reach it (at `rates[i]` per second) while a prefill of
+    `prefills[i]` seconds runs there, times that prefill: twice the time they wait out
+    (each arrives, on average, half way through it)."""
+    return [rate * (prefill * prefill) for prefill, rate in zip(prefills, rates, strict=True)]
 
 
 def near_ties(order: list[int], costs: list[float], tolerance: float) -> int:

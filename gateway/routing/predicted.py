@@ -154,18 +154,13 @@ class MinPredictedTtftPicker:
         # regenerated answer), not a new conversation: it goes where it is cached.
         repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
-        if (
-            slo is None
-            and not placing
-            and not self.prefill_weight
-            and not self.affinity_tolerance
-            and not self.arrival_weight
-        ):
-            # Only the TTFT (and the delay to others) counts: ranked and its near-ties
+        if slo is None and not placing and not self.prefill_weight and not self.affinity_tolerance:
+            # Only the TTFT (and the delays to others) counts: ranked and its near-ties
             # ordered in one compiled pass.
             order, _, equal = self._cost.rank_order(
-                pods, cached, request.prompt_tokens, names, self.tie_tolerance, self.delay_weight
-            )
+                pods, cached, request.prompt_tokens, names, self.tie_tolerance, self.delay_weight,
+                self.arrival_weight / 2.0,
+            )  # fmt: skip
             probed = self._probed(order, names)
             if probed is not None:
                 return [pods[probed], *(pods[i] for i in order)]
@@ -211,11 +206,8 @@ class MinPredictedTtftPicker:
             # What its prefill there costs the requests that reach that pod while it runs
             # (at the pod's recent rate): each waits out the rest of it, half on average.
             weight = self.arrival_weight / 2.0
-            rate = self._cost.arrival_rate
-            costs = [
-                cost + weight * rate(name) * prefill * prefill
-                for cost, prefill, name in zip(costs, prefills, names, strict=True)
-            ]
+            charged = self._cost.rank_arrivals(pods, names, prefills)
+            costs = [cost + weight * each for cost, each in zip(costs, charged, strict=True)]
         order = self._cost.kernels.argsort(costs)
         probed = self._probed(order, names)
         if probed is not None:

@@ -627,10 +627,15 @@ def test_rank_costs_follow_every_change_of_the_pods(
             for p, held in zip(candidates, cached, strict=True)
         ], prompt)  # fmt: skip
         delays = cost.rank_delays(candidates, None, prefills)
-        for ttft, prefill, delay, prediction in zip(ttfts, prefills, delays, fresh, strict=True):
+        arriving = cost.rank_arrivals(candidates, None, prefills)
+        for ttft, prefill, delay, arrivals, candidate, prediction in zip(
+            ttfts, prefills, delays, arriving, candidates, fresh, strict=True
+        ):
             assert ttft == pytest.approx(prediction.ttft_s, rel=1e-12, abs=1e-15), step
             assert prefill == pytest.approx(prediction.own_prefill_s(), rel=1e-9), step
             assert delay == pytest.approx(delay_to_waiting(prediction), rel=1e-9), step
+            rate = cost.arrival_rate(candidate.name)  # from the pod's work, now
+            assert arrivals == pytest.approx(rate * prefill**2, rel=1e-9, abs=1e-15), step
         # the one-pass ranking: the pods within 5 % of the best first, most cached first
         # (how many hold as much as the first: `equal`), then the rest by TTFT
         order, ties, equal = cost.rank_order(candidates, cached, prompt, None, 0.05)
