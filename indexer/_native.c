@@ -2226,6 +2226,10 @@ static int draw_slot_secret(void) {
     return 0;
 }
 
+/* The interface this build implements (indexer/native.py: NATIVE_INTERFACE): bumped when a
+ * function's arguments change, so that a build from an older source is not called. */
+#define NATIVE_INTERFACE 2
+
 PyMODINIT_FUNC PyInit__native(void) {
     if (draw_slot_secret() < 0 || intern_work_attributes() < 0 || PyType_Ready(&U64MapType) < 0 ||
         PyType_Ready(&U64MapIterType) < 0 || PyType_Ready(&StampViewType) < 0) {
@@ -2244,6 +2248,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&StampViewType);
     if (PyModule_AddObject(module, "StampView", (PyObject *)&StampViewType) < 0) {
         Py_DECREF(&StampViewType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(module, "INTERFACE", NATIVE_INTERFACE) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -8,6 +8,8 @@ _V = TypeVar("_V")
 _T = TypeVar("_T")
 _E = TypeVar("_E", bound=tuple[Any, ...])
 
+INTERFACE: int
+
 def xxh64(data: bytes, seed: int, /) -> int: ...
 def chain(parent: int, token_ids: Sequence[int], block_size: int, /) -> list[int]: ...
 def match_walk(

@@ -13,6 +13,7 @@ built (tests, benchmarks).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from indexer._native import U64Map
 
 PURE_PYTHON_ENV = "KVGATE_PURE_PYTHON"
+NATIVE_INTERFACE = 2
+"""The compiled module's interface this source calls (`_native.INTERFACE`). A build from
+an older source (an editable install not rebuilt after a pull) is not used: the pure-Python
+path runs instead of a kernel called with arguments it does not take."""
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -149,6 +154,13 @@ def load_native(pure: bool | None = None) -> Native | None:
     try:
         from indexer import _native
     except ImportError:
+        return None
+    if getattr(_native, "INTERFACE", None) != NATIVE_INTERFACE:
+        logging.getLogger(__name__).warning(
+            "indexer._native was built from another version of its source (interface %s, "
+            "expected %s): running pure Python; reinstall kvgate to rebuild it",
+            getattr(_native, "INTERFACE", None), NATIVE_INTERFACE,
+        )  # fmt: skip
         return None
     return Native(
         chain=_native.chain,

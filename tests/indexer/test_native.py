@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 
 from bench.indexer_workload import build_fleet
 from indexer import IndexConfig, IndexLimits, ModelContext, PrefixHasher, SyncPrefixHashTable
-from indexer.native import PURE_PYTHON_ENV, Native, load_native, pure_python_forced
+from indexer.native import (
+    NATIVE_INTERFACE,
+    PURE_PYTHON_ENV,
+    Native,
+    load_native,
+    pure_python_forced,
+)
 from tests.helpers import FakeClock
 
 NATIVE = load_native(pure=False)
@@ -42,6 +48,18 @@ def test_the_extension_is_built_wherever_a_c_compiler_is() -> None:
     if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
         pytest.skip("no Python headers on this machine: the pure path is the one")
     assert NATIVE is not None, "indexer._native failed to build: re-run scripts/bootstrap.sh"
+
+
+def test_only_a_build_of_this_source_is_used() -> None:
+    """The compiled module says which interface it implements; `load_native` uses it only
+    when that is the one this source calls (a build left from an older source would be
+    called with arguments it does not take: pure Python runs instead)."""
+    try:
+        from indexer import _native
+    except ImportError:
+        pytest.skip("indexer._native is not built")
+    assert _native.INTERFACE == NATIVE_INTERFACE
+    assert (load_native(pure=False) is not None) is (_native.INTERFACE == NATIVE_INTERFACE)
 
 
 def test_kvgate_pure_python_forces_the_pure_path(monkeypatch: pytest.MonkeyPatch) -> None:
