@@ -155,11 +155,12 @@ def load_native(pure: bool | None = None) -> Native | None:
         from indexer import _native
     except ImportError:
         return None
-    if getattr(_native, "INTERFACE", None) != NATIVE_INTERFACE:
+    interface = getattr(_native, "INTERFACE", None)
+    if interface != NATIVE_INTERFACE:
         logging.getLogger(__name__).warning(
             "indexer._native was built from another version of its source (interface %s, "
             "expected %s): running pure Python; reinstall kvgate to rebuild it",
-            getattr(_native, "INTERFACE", None), NATIVE_INTERFACE,
+            interface, NATIVE_INTERFACE,
         )  # fmt: skip
         return None
     return Native(

@@ -421,7 +421,7 @@ class CostModel:
         """Each candidate's `arrival_rate` as of `now`, from the ranking's activities."""
         window = self.params.activity_window_s
         return [
-            activity * math.exp((at - now) / window) / window if activity else 0.0
+            _decayed(activity, now - at, window) / window
             for activity, at in zip(ranking.activities, ranking.active_at, strict=True)
         ]
 
