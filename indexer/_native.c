@@ -2178,6 +2178,96 @@ static PyObject *native_pod_estimate(PyObject *module, PyObject *const *args, Py
 
 /* -- module --------------------------------------------------------------------------- */
 
+/* release_run(entries, held, hashes, start, bit, tiers) -> (stop, known, dropped)
+ *
+ * Ingest.removed's common case, from hashes[start] on: an engine hash whose entry is one
+ * gateway hash (a u64 value) of the pod's base store, a block held on GPU only (absent
+ * from `tiers`, the store's tier masks). Its entry goes and `bit` leaves the block's mask
+ * in `held`; the block goes with its last bit. The run stops at the first hash that is
+ * not that case (no entry, an entry of another context, a block with tier masks, a mask
+ * wider than 64 bits, a key that is neither an int nor bytes) and returns its index, for
+ * the caller to apply in Python, with the entries removed and the (pod, block) pairs
+ * dropped so far. Only ints and exact bytes are looked up, so no Python code runs here. */
+static PyObject *native_release_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyObject_TypeCheck(args[0], &U64MapType) ||
+        !PyObject_TypeCheck(args[1], &U64MapType) || !PyDict_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "release_run(entries: U64Map, held: U64Map, hashes, start, bit, tiers: dict)");
+        return NULL;
+    }
+    U64Map *entries = (U64Map *)args[0];
+    U64Map *held = (U64Map *)args[1];
+    PyObject *tiers = args[5];
+    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    uint64_t bit;
+    if (!as_u64(args[4], &bit)) {
+        PyErr_SetString(PyExc_ValueError, "bit must be an int in [0, 2**64)");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[2], "block hashes must be a sequence");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t total = PySequence_Fast_GET_SIZE(seq);
+    PyObject **hashes = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t i = start < 0 ? 0 : start;
+    Py_ssize_t known = 0, dropped = 0;
+    for (; i < total; i++) {
+        PyObject *key = hashes[i];
+        if (!PyLong_CheckExact(key) && !PyBytes_CheckExact(key)) {
+            break;
+        }
+        int is_u64;
+        uint64_t u, hash;
+        Py_ssize_t pos = lookup(entries, key, &is_u64, &u, &hash);
+        if (pos == FOUND_ERROR) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (pos < 0 || (entries->objvals && (entries->flags[pos] & F_VALOBJ))) {
+            break;
+        }
+        uint64_t target = entries->items[pos].val;
+        if (PyDict_GET_SIZE(tiers)) {
+            PyObject *boxed = PyLong_FromUnsignedLongLong(target);
+            if (boxed == NULL) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+            int tiered = PyDict_Contains(tiers, boxed);
+            Py_DECREF(boxed);
+            if (tiered < 0) {
+                Py_DECREF(seq);
+                return NULL;
+            }
+            if (tiered) {
+                break;
+            }
+        }
+        Py_ssize_t block = find_u64(held, target);
+        if (block >= 0 && held->objvals && (held->flags[block] & F_VALOBJ)) {
+            break;
+        }
+        delete_at(entries, pos, hash);
+        known++;
+        if (block < 0) {
+            continue;
+        }
+        dropped++;
+        uint64_t mask = held->items[block].val & ~bit;
+        if (mask) {
+            held->items[block].val = mask;
+        } else {
+            delete_at(held, block, target);
+        }
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(nnn)", i, known, dropped);
+}
+
 static PyMethodDef module_methods[] = {
     {"xxh64", (PyCFunction)(void (*)(void))native_xxh64, METH_FASTCALL, NULL},
     {"chain", (PyCFunction)(void (*)(void))native_chain, METH_FASTCALL, NULL},
@@ -2189,6 +2279,7 @@ static PyMethodDef module_methods[] = {
     {"argsort", (PyCFunction)native_argsort, METH_O, NULL},
     {"affine_order", (PyCFunction)(void (*)(void))native_affine_order, METH_FASTCALL, NULL},
     {"pod_estimate", (PyCFunction)(void (*)(void))native_pod_estimate, METH_FASTCALL, NULL},
+    {"release_run", (PyCFunction)(void (*)(void))native_release_run, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2228,7 +2319,7 @@ static int draw_slot_secret(void) {
 
 /* The interface this build implements (indexer/native.py: NATIVE_INTERFACE): bumped when a
  * function's arguments change, so that a build from an older source is not called. */
-#define NATIVE_INTERFACE 2
+#define NATIVE_INTERFACE 3
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (draw_slot_secret() < 0 || intern_work_attributes() < 0 || PyType_Ready(&U64MapType) < 0 ||

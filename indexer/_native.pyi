@@ -35,6 +35,15 @@ def held_from_ends(
     scale: float,
     /,
 ) -> list[float] | None: ...
+def release_run(
+    entries: U64Map[Any, Any],
+    held: U64Map[int, int],
+    hashes: Sequence[Any],
+    start: int,
+    bit: int,
+    tiers: dict[int, list[int]],
+    /,
+) -> tuple[int, int, int]: ...
 def argsort(values: list[float], /) -> list[int]: ...
 def affine_order(
     bases: list[float],

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from indexer._native import U64Map
 
 PURE_PYTHON_ENV = "KVGATE_PURE_PYTHON"
-NATIVE_INTERFACE = 2
+NATIVE_INTERFACE = 3
 """The compiled module's interface this source calls (`_native.INTERFACE`). A build from
 an older source (an editable install not rebuilt after a pull) is not used: the pure-Python
 path runs instead of a kernel called with arguments it does not take."""
@@ -95,6 +95,15 @@ waits, delay weight, arrival rates, arrival weight) -> (order, ties, equal):
 _E = TypeVar("_E", bound=tuple[Any, ...])
 
 
+ReleaseRun = Callable[
+    [Any, Any, Sequence[Any], int, int, dict[int, list[int]]],
+    tuple[int, int, int],
+]
+"""`Ingest.removed`'s common case in C: (the pod's entries, its base store's masks, the
+removed engine hashes, where to start, the pod's bit, the store's tier masks) -> (where
+it stopped, entries removed, (pod, block) pairs dropped)."""
+
+
 class PodEstimate(Protocol):
     """`gateway.routing.kernels.pod_estimate`: (a pod's work, θ, typical speed, θ's version,
     scraped at, running, waiting, the estimate's tuple type) -> its estimate."""
@@ -119,6 +128,8 @@ class Native:
 
     chain: Callable[[int, Sequence[int], int], list[int]]
     """`PrefixHasher.chain` (parent hash, token ids, block size) in C."""
+    release_run: ReleaseRun
+    """`Ingest.removed`'s loop over the common case (see `ReleaseRun`)."""
     match_walk: Callable[
         [U64Map[int, int], Sequence[int], int, float], list[tuple[int, int]] | None
     ]
@@ -165,6 +176,7 @@ def load_native(pure: bool | None = None) -> Native | None:
         return None
     return Native(
         chain=_native.chain,
+        release_run=_native.release_run,
         match_walk=_native.match_walk,
         map_type=_native.U64Map,
         spread_ends=_native.spread_ends,

@@ -29,6 +29,7 @@ from indexer.native import (
     pure_python_forced,
 )
 from tests.helpers import FakeClock
+from tests.indexer.conftest import Stored
 
 NATIVE = load_native(pure=False)
 needs_native = pytest.mark.skipif(NATIVE is None, reason="indexer._native is not built")
@@ -279,3 +280,79 @@ def test_both_paths_give_the_same_answers_on_a_fleet(pods: int) -> None:
         compiled.remove_pod(pod)
         pure.remove_pod(pod)
     assert compiled.stats() == pure.stats()
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(6))
+def test_removals_agree_on_both_paths_whatever_the_mix(seed: int) -> None:
+    """The compiled removal loop takes the common case (a GPU block of the pod's base
+    model) and hands every other hash back to the Python loop, in order: unknown hashes,
+    repeats within one event, bytes hashes, blocks also held offloaded, another copy of a
+    block, a LoRA's blocks, an event given as a tuple. Both paths must agree on all of it."""
+    rng = random.Random(seed)
+    compiled, pure, clock = _tables(IndexLimits())
+    block = compiled.config.block_size
+    pods = ("p0", "p1", "p2")
+    for table in (compiled, pure):
+        for pod in pods:
+            table.register_pod(pod, "m", lora_names={1: "adapter"})
+    held: dict[str, list[int | bytes]] = {pod: [] for pod in pods}
+    for step in range(400):
+        pod = rng.choice(pods)
+        mine = held[pod]
+        if rng.random() < 0.55:
+            # A short chain from the root; a few tokens so that pods share prefixes.
+            count = rng.randint(1, 4)
+            hashes: list[int | bytes] = [
+                rng.randrange(2**64) if rng.random() < 0.8 else rng.randbytes(8)
+                for _ in range(count)
+            ]
+            if mine and rng.random() < 0.2:
+                hashes[0] = rng.choice(mine)  # stored again: another copy
+            event = Stored(
+                block_hashes=hashes,
+                parent_block_hash=None,
+                token_ids=[rng.randrange(3) for _ in range(count * block)],
+                block_size=block,
+                lora_id=1 if rng.random() < 0.1 else None,
+                lora_name=None,
+                medium=rng.choice(("GPU", "GPU", "GPU", "CPU")),
+            )
+            assert compiled.apply_stored(pod, event) == pure.apply_stored(pod, event)
+            mine.extend(hashes)
+        else:
+            gone: list[int | bytes] = [
+                rng.choice(mine) if mine and rng.random() < 0.8 else rng.randrange(2**64)
+                for _ in range(rng.randint(1, 8))
+            ]
+            if gone and rng.random() < 0.3:
+                gone.append(gone[0])  # a repeat within the event
+            batch = tuple(gone) if step % 2 else gone
+            medium = "GPU" if rng.random() < 0.85 else "CPU"
+            assert compiled.apply_removed(pod, batch, medium) == pure.apply_removed(
+                pod, batch, medium
+            )
+        clock.advance(0.1)
+    assert compiled.stats() == pure.stats()
+    for pod in pods:
+        assert compiled.dump_tiers(pod) == pure.dump_tiers(pod)
+        assert compiled.export_pod(pod) == pure.export_pod(pod)
+        assert compiled.held_blocks(pod) == pure.held_blocks(pod)
+
+
+@needs_native
+def test_the_removal_run_refuses_what_it_cannot_read() -> None:
+    release = _native().release_run
+    entries, held = _native().map_type(), _native().map_type()
+    entries[5] = 9
+    held[9] = 0b11
+    with pytest.raises(TypeError):
+        release({}, held, [5], 0, 1, {})  # a dict is not a compiled map
+    with pytest.raises(ValueError):
+        release(entries, held, [5], 0, 2**64, {})  # a bit past 64: the Python loop's
+    with pytest.raises(TypeError):
+        release(entries, held, 5, 0, 1, {})
+    assert release(entries, held, ["x", 5], 0, 1, {}) == (0, 0, 0)  # "x": Python's to apply
+    assert release(entries, held, ["x", 5], 1, 1, {9: [0, 0, 0, 0]}) == (1, 0, 0)  # tiered
+    assert release(entries, held, ["x", 5, 7], 1, 1, {}) == (2, 1, 1)  # 7: unknown here
+    assert (len(entries), held[9]) == (0, 0b10)
