@@ -2268,6 +2268,114 @@ static PyObject *native_release_run(PyObject *module, PyObject *const *args, Py_
     return Py_BuildValue("(nnn)", i, known, dropped);
 }
 
+/* store_run(entries, held, engine_hashes, gateway_hashes, start, bit, tiers, now)
+ *   -> (stop, applied)
+ *
+ * Ingest.stored's common case, from engine_hashes[start] on, for an event of the pod's
+ * base store on GPU whose engine blocks are gateway blocks (gateway_hashes[i] stands for
+ * engine_hashes[i]): an engine hash new to the pod, for a block held on GPU only (absent
+ * from `tiers`) that the pod does not hold yet. The entry is added, the block created if
+ * new, its mask gains `bit` and its last access is `now`. The run stops, before writing
+ * anything of it, at the first hash that is not that case (already an entry, a block with
+ * tier masks or already held by the pod, a mask wider than 64 bits, a key that is neither
+ * an int nor bytes) and returns its index for the caller to apply in Python, with the
+ * entries added so far (each one a new (pod, block) pair). The caller checks the pod's room
+ * for the whole event first. Only ints and exact bytes are looked up: no Python code runs
+ * here. */
+static PyObject *native_store_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8 || !PyObject_TypeCheck(args[0], &U64MapType) ||
+        !PyObject_TypeCheck(args[1], &U64MapType) || !PyList_CheckExact(args[3]) ||
+        !PyDict_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "store_run(entries: U64Map, held: U64Map, engine_hashes, "
+                        "gateway_hashes: list, start, bit, tiers: dict, now)");
+        return NULL;
+    }
+    U64Map *entries = (U64Map *)args[0];
+    U64Map *held = (U64Map *)args[1];
+    PyObject *gateway = args[3];
+    PyObject *tiers = args[6];
+    Py_ssize_t start = PyLong_AsSsize_t(args[4]);
+    if (start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    uint64_t bit;
+    if (!as_u64(args[5], &bit)) {
+        PyErr_SetString(PyExc_ValueError, "bit must be an int in [0, 2**64)");
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[7]);
+    if (now == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[2], "engine hashes must be a sequence");
+    if (seq == NULL) {
+        return NULL;
+    }
+    Py_ssize_t total = Py_MIN(PySequence_Fast_GET_SIZE(seq), PyList_GET_SIZE(gateway));
+    PyObject **hashes = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t i = start < 0 ? 0 : start;
+    Py_ssize_t applied = 0;
+    for (; i < total; i++) {
+        PyObject *key = hashes[i];
+        uint64_t gw;
+        if ((!PyLong_CheckExact(key) && !PyBytes_CheckExact(key)) ||
+            !as_u64(PyList_GET_ITEM(gateway, i), &gw)) {
+            break;
+        }
+        int is_u64;
+        uint64_t u, hash;
+        Py_ssize_t pos = lookup(entries, key, &is_u64, &u, &hash);
+        if (pos == FOUND_ERROR) {
+            goto error;
+        }
+        if (pos >= 0) {
+            break;
+        }
+        if (PyDict_GET_SIZE(tiers)) {
+            PyObject *boxed = PyLong_FromUnsignedLongLong(gw);
+            if (boxed == NULL) {
+                goto error;
+            }
+            int tiered = PyDict_Contains(tiers, boxed);
+            Py_DECREF(boxed);
+            if (tiered < 0) {
+                goto error;
+            }
+            if (tiered) {
+                break;
+            }
+        }
+        Py_ssize_t block = find_u64(held, gw);
+        if (block >= 0 && ((held->objvals && (held->flags[block] & F_VALOBJ)) ||
+                           (held->items[block].val & bit))) {
+            break;
+        }
+        if (block < 0) {
+            block = insert_new(held, NULL, 1, gw, gw);
+            if (block < 0) {
+                goto error;
+            }
+        }
+        if (ensure_stamps(held) < 0) {
+            goto error;
+        }
+        Py_ssize_t entry = insert_new(entries, key, is_u64, u, hash);
+        if (entry < 0) {
+            goto error;
+        }
+        entries->items[entry].val = gw;
+        held->items[block].val |= bit;
+        held->stamps[block] = now;
+        applied++;
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("(nn)", i, applied);
+error:
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"xxh64", (PyCFunction)(void (*)(void))native_xxh64, METH_FASTCALL, NULL},
     {"chain", (PyCFunction)(void (*)(void))native_chain, METH_FASTCALL, NULL},
@@ -2280,6 +2388,7 @@ static PyMethodDef module_methods[] = {
     {"affine_order", (PyCFunction)(void (*)(void))native_affine_order, METH_FASTCALL, NULL},
     {"pod_estimate", (PyCFunction)(void (*)(void))native_pod_estimate, METH_FASTCALL, NULL},
     {"release_run", (PyCFunction)(void (*)(void))native_release_run, METH_FASTCALL, NULL},
+    {"store_run", (PyCFunction)(void (*)(void))native_store_run, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -35,6 +35,17 @@ def held_from_ends(
     scale: float,
     /,
 ) -> list[float] | None: ...
+def store_run(
+    entries: U64Map[Any, Any],
+    held: U64Map[int, int],
+    engine_hashes: Sequence[Any],
+    gateway_hashes: list[int],
+    start: int,
+    bit: int,
+    tiers: dict[int, list[int]],
+    now: float,
+    /,
+) -> tuple[int, int]: ...
 def release_run(
     entries: U64Map[Any, Any],
     held: U64Map[int, int],

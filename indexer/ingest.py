@@ -16,7 +16,7 @@ from indexer.config import IndexLimits
 from indexer.eviction import Evictor
 from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
-from indexer.native import ReleaseRun
+from indexer.native import Native, ReleaseRun, StoreRun
 from indexer.pod import IndexedPod, OtherContext, Partial, Target, release_extra
 from indexer.snapshot import PodIndexState
 from indexer.types import EngineHash, StoredBlocksEvent, Tier
@@ -59,6 +59,7 @@ class Ingest:
         "_holdings",
         "_limits",
         "_release_run",
+        "_store_run",
         "broken_events",
         "rejected",
         "remapped",
@@ -71,11 +72,12 @@ class Ingest:
         limits: IndexLimits,
         holdings: Holdings,
         evictor: Evictor,
-        release_run: ReleaseRun | None = None,
+        native: Native | None = None,
     ) -> None:
         self._hasher = hasher
-        self._release_run = release_run
-        """The compiled removal loop (None on the pure-Python path)."""
+        # The compiled loops over the common cases (None on the pure-Python path).
+        self._store_run = native.store_run if native is not None else None
+        self._release_run = native.release_run if native is not None else None
         self._limits = limits
         self._holdings = holdings
         self._evictor = evictor
@@ -132,7 +134,21 @@ class Ingest:
         partials = state.partials[tier]
         applied = 0
         new_pairs = 0  # of the inlined common case; added to holdings.pairs after the loop
-        for i, engine_hash in enumerate(engine_hashes):
+        pending: Iterable[tuple[int, EngineHash]] = enumerate(engine_hashes)
+        compiled = [0]  # entries added by the compiled runs (each a new pair)
+        run = self._store_run
+        if (
+            run is not None
+            and per_engine == 1
+            and in_base
+            and on_gpu
+            and not partials
+            and room >= count  # then no block of the event can hit the pod's cap
+            and bit >> 64 == 0
+        ):
+            pending = _compiled_stores(run, entries, held, engine_hashes, gateway_hashes, bit,
+                                       tiers, now, compiled)  # fmt: skip
+        for i, engine_hash in pending:
             if partials and partials.pop(engine_hash, None) is not None:  # partial → full
                 self.remapped += 1
                 copies.pop(engine_hash, None)
@@ -186,7 +202,9 @@ class Ingest:
                 entries[engine_hash] = state.target(store, hashes)
                 link(state, store, hashes, tier)
             applied += 1
-        holdings.pairs += new_pairs
+        holdings.pairs += new_pairs + compiled[0]
+        applied += compiled[0]
+        room -= compiled[0]
         state.size = self._limits.max_blocks_per_pod - room  # drop_entry's updates included
         store.last_access = now
         if len(held) > self._limits.max_prefixes_per_context:
@@ -393,4 +411,28 @@ def _compiled_runs(
         counts[1] += dropped
         if stop < total:
             yield hashes[stop]
+        start = stop + 1
+
+
+def _compiled_stores(
+    run: StoreRun,
+    entries: object,
+    held: object,
+    engine_hashes: Sequence[EngineHash],
+    gateway_hashes: list[int],
+    bit: int,
+    tiers: dict[int, list[int]],
+    now: float,
+    counts: list[int],
+) -> Iterator[tuple[int, EngineHash]]:
+    """`Ingest.stored`'s common case applied in C, run after run; yields, in order, each
+    (index, engine hash) a run stops at, for the Python loop to apply before the next run
+    starts. Adds the runs' entries to `counts`."""
+    total = len(engine_hashes)
+    start = 0
+    while start < total:
+        stop, added = run(entries, held, engine_hashes, gateway_hashes, start, bit, tiers, now)
+        counts[0] += added
+        if stop < total:
+            yield stop, engine_hashes[stop]
         start = stop + 1

@@ -103,6 +103,14 @@ ReleaseRun = Callable[
 removed engine hashes, where to start, the pod's bit, the store's tier masks) -> (where
 it stopped, entries removed, (pod, block) pairs dropped)."""
 
+StoreRun = Callable[
+    [Any, Any, Sequence[Any], list[int], int, int, dict[int, list[int]], float],
+    tuple[int, int],
+]
+"""`Ingest.stored`'s common case in C: (the pod's entries, its base store's masks, the
+event's engine hashes, their gateway hashes, where to start, the pod's bit, the store's
+tier masks, now) -> (where it stopped, entries added)."""
+
 
 class PodEstimate(Protocol):
     """`gateway.routing.kernels.pod_estimate`: (a pod's work, θ, typical speed, θ's version,
@@ -128,6 +136,8 @@ class Native:
 
     chain: Callable[[int, Sequence[int], int], list[int]]
     """`PrefixHasher.chain` (parent hash, token ids, block size) in C."""
+    store_run: StoreRun
+    """`Ingest.stored`'s loop over the common case (see `StoreRun`)."""
     release_run: ReleaseRun
     """`Ingest.removed`'s loop over the common case (see `ReleaseRun`)."""
     match_walk: Callable[
@@ -176,6 +186,7 @@ def load_native(pure: bool | None = None) -> Native | None:
         return None
     return Native(
         chain=_native.chain,
+        store_run=_native.store_run,
         release_run=_native.release_run,
         match_walk=_native.match_walk,
         map_type=_native.U64Map,

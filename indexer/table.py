@@ -83,10 +83,7 @@ class SyncPrefixHashTable:
         self._evictor = Evictor(
             limits, new_store, self._stores, self._pods, self._holdings, self._expected, clock()
         )
-        self._ingest = Ingest(
-            self.hasher, limits, self._holdings, self._evictor,
-            native.release_run if native is not None else None,
-        )  # fmt: skip
+        self._ingest = Ingest(self.hasher, limits, self._holdings, self._evictor, native)
 
     # -- pods ---------------------------------------------------------------------------
 

@@ -284,11 +284,12 @@ def test_both_paths_give_the_same_answers_on_a_fleet(pods: int) -> None:
 
 @needs_native
 @pytest.mark.parametrize("seed", range(6))
-def test_removals_agree_on_both_paths_whatever_the_mix(seed: int) -> None:
-    """The compiled removal loop takes the common case (a GPU block of the pod's base
-    model) and hands every other hash back to the Python loop, in order: unknown hashes,
-    repeats within one event, bytes hashes, blocks also held offloaded, another copy of a
-    block, a LoRA's blocks, an event given as a tuple. Both paths must agree on all of it."""
+def test_stores_and_removals_agree_on_both_paths_whatever_the_mix(seed: int) -> None:
+    """The compiled store and removal loops take the common case (a GPU block of the
+    pod's base model, new to it or held by it) and hand every other hash back to the
+    Python loop, in order: unknown hashes, repeats within one event, bytes hashes, blocks
+    also held offloaded, another copy of a block, a LoRA's blocks, an event given as a
+    tuple. Both paths must agree on all of it."""
     rng = random.Random(seed)
     compiled, pure, clock = _tables(IndexLimits())
     block = compiled.config.block_size
@@ -351,8 +352,28 @@ def test_the_removal_run_refuses_what_it_cannot_read() -> None:
     with pytest.raises(ValueError):
         release(entries, held, [5], 0, 2**64, {})  # a bit past 64: the Python loop's
     with pytest.raises(TypeError):
-        release(entries, held, 5, 0, 1, {})
+        release(entries, held, 5, 0, 1, {})  # type: ignore[arg-type]
     assert release(entries, held, ["x", 5], 0, 1, {}) == (0, 0, 0)  # "x": Python's to apply
     assert release(entries, held, ["x", 5], 1, 1, {9: [0, 0, 0, 0]}) == (1, 0, 0)  # tiered
     assert release(entries, held, ["x", 5, 7], 1, 1, {}) == (2, 1, 1)  # 7: unknown here
     assert (len(entries), held[9]) == (0, 0b10)
+
+
+@needs_native
+def test_the_store_run_refuses_what_it_cannot_read() -> None:
+    store = _native().store_run
+    entries, held = _native().map_type(), _native().map_type()
+    held[9] = 0b10
+    with pytest.raises(TypeError):
+        store(entries, {}, [5], [9], 0, 1, {}, 0.0)  # a dict is not a compiled map
+    with pytest.raises(TypeError):
+        store(entries, held, [5], (9,), 0, 1, {}, 0.0)  # type: ignore[arg-type]  # chain gives a list
+    with pytest.raises(ValueError):
+        store(entries, held, [5], [9], 0, 2**64, {}, 0.0)  # a bit past 64: Python's
+    assert store(entries, held, ["x", 5], [8, 9], 0, 1, {}, 1.0) == (0, 0)  # "x": Python's
+    assert store(entries, held, [5, 6], [9, 9], 0, 1, {9: [0, 0, 0, 0]}, 1.0) == (0, 0)
+    assert store(entries, held, [5, 6, 7], [9, 9, 10], 0, 1, {}, 2.0) == (1, 1)  # 6: held
+    assert (dict(entries.items()), held[9], held.stamps()[9]) == ({5: 9}, 0b11, 2.0)
+    assert store(entries, held, [5, 7], [9, 10], 0, 2, {}, 3.0) == (0, 0)  # 5: an entry
+    assert store(entries, held, [5, 7], [9, 10], 1, 2, {}, 3.0) == (2, 1)
+    assert (held[10], held.stamps()[10], list(held)) == (0b10, 3.0, [9, 10])
