@@ -80,6 +80,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _interleaved(case: dict[str, Any]) -> str:
+    figure = case.get("gateway_cpu_us_per_request_interleaved")
+    return "" if figure is None else f" (alternating with direct: {figure})"
+
+
 def report(results: dict[str, Any]) -> None:
     rows: list[tuple[str, str, str]] = []
     for key, case in results["cases"].items():
@@ -88,7 +93,8 @@ def report(results: dict[str, Any]) -> None:
             f"{case['direct_p50_ms']:.3f} / {case['direct_p99_ms']:.3f} direct",
             f"{case['gateway_p50_ms']:.3f} / {case['gateway_p99_ms']:.3f} ms via {case['via']} "
             f"(p50 / p99{', first chunk' if case['stream'] else ''}); {case['via']} CPU "
-            f"{case['gateway_cpu_us_per_request']} us/req; errors {case['errors']}",
+            f"{case['gateway_cpu_us_per_request']} us/req{_interleaved(case)}; "
+            f"errors {case['errors']}",
         ))  # fmt: skip
     for key, value in results.items():
         if key.startswith(("added_", "stream_", "max_rps", "gateway_cpu")):
