@@ -24,12 +24,19 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from bench.indexer_workload import FleetWorkload, build_fleet
+from bench.indexer_workload import (
+    FleetWorkload,
+    RemovedEvent,
+    StoredEvent,
+    build_churn,
+    build_fleet,
+)
 from bench.results_io import RESULTS_DIR, percentile, print_table, pyplot, write_json
 
 PACKAGE = "ai-dynamo-runtime==1.6.1"
@@ -76,48 +83,76 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class DynamoEvents:
+    """kvgate's workload events as Dynamo's JSON events, encoded outside the timing.
+
+    Dynamo's tree expects a block's external hash to be the same on every worker that
+    holds it (as vLLM's with a fixed hash seed); the workload's are per pod, so each is
+    mapped to a content-chained one."""
+
+    def __init__(self, pods: list[str]) -> None:
+        from dynamo._core import compute_block_hash_for_seq  # type: ignore[import-not-found]  # only in its venv
+
+        self.hash = compute_block_hash_for_seq
+        self.worker = {pod: i for i, pod in enumerate(pods)}
+        self._external: dict[tuple[str, int], int] = {}
+        self._event_id = 0
+
+    def stored(self, pod: str, event: StoredEvent) -> tuple[int, bytes, int]:
+        hashes = self.hash(list(event.token_ids), BLOCK_SIZE)
+        parent = event.parent_block_hash
+        chained = 0 if parent is None else self._external[(pod, parent)]
+        parent_hash = None if parent is None else chained
+        blocks: list[dict[str, Any]] = []
+        for engine_hash, tokens_hash in zip(event.block_hashes, hashes, strict=True):
+            chained = xxhash.xxh64_intdigest(
+                chained.to_bytes(8, "little") + tokens_hash.to_bytes(8, "little")
+            )
+            self._external[(pod, engine_hash)] = chained
+            blocks.append({"block_hash": chained, "tokens_hash": tokens_hash})
+        body = {"stored": {"parent_hash": parent_hash, "blocks": blocks}}
+        return self._payload(pod, body, len(blocks))
+
+    def removed(self, pod: str, engine_hashes: Sequence[int]) -> tuple[int, bytes, int]:
+        external = [self._external[(pod, h)] for h in engine_hashes]
+        return self._payload(pod, {"removed": {"block_hashes": external}}, len(external))
+
+    def _payload(self, pod: str, body: dict[str, Any], blocks: int) -> tuple[int, bytes, int]:
+        self._event_id += 1
+        payload = json.dumps({"event_id": self._event_id, "data": body}).encode()
+        return self.worker[pod], payload, blocks
+
+
+def _new_table(pods: list[str]) -> Any:
+    from indexer import IndexConfig, IndexLimits, SyncPrefixHashTable
+
+    limits = IndexLimits(max_prefixes_per_context=10_000_000, max_blocks_per_pod=10_000_000)
+    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK_SIZE, limits=limits))
+    for pod in pods:
+        table.register_pod(pod, MODEL)
+    return table
+
+
+def _new_tree() -> Any:
+    from dynamo._core import RadixTree
+
+    return RadixTree()
+
+
 class DynamoSide:
     """Dynamo's RadixTree fed the workload's events as precomputed JSON bytes."""
 
     def __init__(self, workload: FleetWorkload) -> None:
-        from dynamo._core import compute_block_hash_for_seq  # type: ignore[import-not-found]  # only in its venv
-
-        self.hash = compute_block_hash_for_seq
-        self.worker = {pod: i for i, pod in enumerate(workload.pods)}
-        self.stored: list[tuple[int, bytes, int]] = []
-        # Dynamo's tree expects a block's external hash to be the same on every worker
-        # that holds it (as vLLM's with a fixed hash seed); the workload's are per pod, so
-        # each is mapped to a content-chained one, outside the timing.
-        self.external: dict[tuple[str, int], int] = {}
-        event_id = 0
-        for pod in workload.pods:
-            for event in workload.events[pod]:
-                hashes = compute_block_hash_for_seq(list(event.token_ids), BLOCK_SIZE)
-                parent = event.parent_block_hash
-                chained = 0 if parent is None else self.external[(pod, parent)]
-                parent_hash = None if parent is None else chained
-                blocks: list[dict[str, Any]] = []
-                for engine_hash, tokens_hash in zip(event.block_hashes, hashes, strict=True):
-                    chained = xxhash.xxh64_intdigest(
-                        chained.to_bytes(8, "little") + tokens_hash.to_bytes(8, "little")
-                    )
-                    self.external[(pod, engine_hash)] = chained
-                    blocks.append({"block_hash": chained, "tokens_hash": tokens_hash})
-                body = {"stored": {"parent_hash": parent_hash, "blocks": blocks}}
-                event_id += 1
-                payload = json.dumps({"event_id": event_id, "data": body}).encode()
-                self.stored.append((self.worker[pod], payload, len(blocks)))
-        self.removed: list[tuple[int, bytes, int]] = []
-        for pod, batch in _removal_batches(workload):
-            event_id += 1
-            removal = {"removed": {"block_hashes": [self.external[(pod, h)] for h in batch]}}
-            payload = json.dumps({"event_id": event_id, "data": removal}).encode()
-            self.removed.append((self.worker[pod], payload, len(batch)))
+        encode = DynamoEvents(workload.pods)
+        self.hash = encode.hash
+        self.worker = encode.worker
+        self.stored = [
+            encode.stored(pod, event) for pod in workload.pods for event in workload.events[pod]
+        ]
+        self.removed = [encode.removed(pod, batch) for pod, batch in _removal_batches(workload)]
 
     def new(self) -> Any:
-        from dynamo._core import RadixTree
-
-        return RadixTree()
+        return _new_tree()
 
     def ingest(self, tree: Any) -> int:
         applied = 0
@@ -148,13 +183,7 @@ class KvgateSide:
         self.removed = list(_removal_batches(workload))
 
     def new(self) -> Any:
-        from indexer import IndexConfig, IndexLimits, SyncPrefixHashTable
-
-        limits = IndexLimits(max_prefixes_per_context=10_000_000, max_blocks_per_pod=10_000_000)
-        table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK_SIZE, limits=limits))
-        for pod in self.workload.pods:
-            table.register_pod(pod, MODEL)
-        return table
+        return _new_table(self.workload.pods)
 
     def ingest(self, table: Any) -> int:
         applied = 0
@@ -253,6 +282,82 @@ def _measure_fleet(pods: int, blocks_per_pod: int, runs: int, queries: int) -> d
     return out
 
 
+def _measure_churn(pods: int, held_blocks: int, runs: int, queries: int) -> dict[str, Any]:
+    """A full fleet's stream of stores and the LRU removals they cause, interleaved, both
+    indexes, alternated; blocks applied (stored + removed) per second, then the answers
+    on the final state."""
+    from indexer import ModelContext
+
+    print(f"building workload: churn, {pods} workers holding {held_blocks} blocks...", flush=True)
+    workload = build_churn(pods=pods, held_blocks=held_blocks)
+    stream = [
+        (pod, event.as_decoded() if isinstance(event, StoredEvent) else event)
+        for pod, event in workload.stream
+    ]
+    encode = DynamoEvents(workload.pods)
+    payloads = [
+        encode.stored(pod, event)
+        if isinstance(event, StoredEvent)
+        else encode.removed(pod, event.block_hashes)
+        for pod, event in workload.stream
+    ]
+    blocks = workload.stored_blocks + workload.removed_blocks
+
+    def apply_kvgate(table: Any) -> int:
+        for pod, event in stream:
+            if isinstance(event, RemovedEvent):
+                table.apply_removed(pod, event.block_hashes, "GPU")
+            else:
+                table.apply_stored(pod, event)
+        return blocks
+
+    def apply_dynamo(tree: Any) -> int:
+        for worker, payload, _blocks in payloads:
+            tree.apply_event(worker, payload)
+        tree.find_matches([0])  # the tree applies on its own thread: wait for it
+        return blocks
+
+    def new_table() -> Any:
+        return _new_table(workload.pods)
+
+    sides: dict[str, tuple[Callable[[], Any], Callable[[Any], int]]] = {
+        "kvgate": (new_table, apply_kvgate),
+        "dynamo": (_new_tree, apply_dynamo),
+    }
+    figures: dict[str, list[float]] = {}
+    answers_equal = True
+    context = ModelContext(MODEL)
+    rng = random.Random(pods)
+    for run_index in range(runs):
+        order = ["kvgate", "dynamo"] if run_index % 2 == 0 else ["dynamo", "kvgate"]
+        indexes: dict[str, Any] = {}
+        for name in order:
+            new, apply = sides[name]
+            gc.collect()
+            index = new()
+            applied, seconds = _timed(apply, index)
+            figures.setdefault(f"{name}_blocks_per_s", []).append(applied / seconds)
+            indexes[name] = index
+        table, tree = indexes["kvgate"], indexes["dynamo"]
+        held = table.stats().pairs
+        for _ in range(queries):
+            _holder, tokens = rng.choice(workload.prompts)
+            result = table.match(context, table.prefix_hashes(tokens), workload.pods)
+            theirs = tree.find_matches(encode.hash(tokens, BLOCK_SIZE)).scores
+            expected = {encode.worker[p]: n for p, n in result.blocks.items() if n}
+            if expected != {w: n for (w, _rank), n in theirs.items() if n}:
+                answers_equal = False
+        del indexes, table, tree
+    out: dict[str, Any] = {key: statistics.median(vals) for key, vals in figures.items()}
+    out["spread"] = {key: [min(vals), max(vals)] for key, vals in figures.items()}
+    out["answers_equal"] = answers_equal
+    out["stored_blocks"] = workload.stored_blocks
+    out["removed_blocks"] = workload.removed_blocks
+    out["held_blocks"] = workload.held_blocks
+    out["kvgate_held_pairs"] = held
+    return out
+
+
 def _rss() -> int:
     with Path("/proc/self/statm").open() as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -310,6 +415,7 @@ def measure(quick: bool) -> dict[str, Any]:
     queries = 300 if quick else 600
     small = _measure_fleet(8, 2_000 if quick else 12_500, runs, queries)
     large = _measure_fleet(64, 1_000 if quick else 15_625, runs, queries)
+    churn = _measure_churn(16, 50_000 if quick else 200_000, runs, queries)
     hashing = _measure_hashing(compute_block_hash_for_seq)
     from indexer import SyncPrefixHashTable
 
@@ -329,12 +435,16 @@ def measure(quick: bool) -> dict[str, Any]:
         "match_p50_ratio_64": large["kvgate_match_p50"] / large["dynamo_match_p50"],
         "bytes_per_pair_ratio": large["memory"]["kvgate_bytes_per_pair"]
         / max(1e-9, large["memory"]["dynamo_bytes_per_pair"]),
-        "answers_equal": small["answers_equal"] and large["answers_equal"],
+        "churn_ratio": churn["kvgate_blocks_per_s"] / churn["dynamo_blocks_per_s"],
+        "answers_equal": small["answers_equal"]
+        and large["answers_equal"]
+        and churn["answers_equal"],
         "hash_ratio": hashing["kvgate_hash_2048_tokens_p50_us"]
         / hashing["dynamo_hash_2048_tokens_p50_us"],
         **hashing,
         "workers_8": small,
         "workers_64": large,
+        "churn": churn,
     }
     return results
 
@@ -370,6 +480,7 @@ def main() -> int:
     rows = [(key, f"{results[key]:.3g}", f"{op} {goal}") for key, (op, goal) in TARGETS.items()]
     rows.append(("answers_equal", str(results["answers_equal"]), "true"))
     rows.append(("hash_ratio", f"{results['hash_ratio']:.3g}", ""))
+    rows.append(("churn_ratio", f"{results['churn_ratio']:.3g}", "stores + LRU removals"))
     print_table("kvgate index vs Dynamo RadixTree (kvgate ÷ Dynamo)", rows)
     write_json(args.json, results)
     print(f"JSON written to {args.json}")

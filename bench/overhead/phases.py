@@ -78,9 +78,10 @@ async def compare_c1(case: Case, fleet: Fleet, new: ChannelFactory, bodies: Bodi
     """Direct and gateway requests alternate one by one, so drift affects both alike.
 
     The CPU per request comes from a run of the gateway's requests alone afterwards (half
-    as many, at least `CPU_RUN_MIN_REQUESTS`): in the alternating loop a gateway following the engines' KV events also pays
-    for the events of the direct requests, which with distinct prompts is a batch per
-    request that never went through it. That loop's figure is kept as `interleaved`."""
+    as many, at least `CPU_RUN_MIN_REQUESTS`): in the alternating loop a gateway following
+    the engines' KV events also pays for the events of the direct requests, which with
+    distinct prompts is a batch per request that never went through it. That loop's
+    figure is kept as `interleaved`."""
     urls = fleet.engine_urls[:1] if case.via == "relay" else fleet.engine_urls
     engines = [new(url) for url in urls]
     gateway = new(fleet.url(case.via))
