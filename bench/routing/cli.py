@@ -133,6 +133,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add("--seed", type=int, default=0, help="workload seed (same seed, same requests)")
     add(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the routers N times per workload and load, their order reversed each "
+        "time; the table and the targets then use each figure's median, with its range",
+    )
+    add(
         "--kill-replica", action="store_true",
         help="with --replicas N (N > 1): kill one replica once a third of the requests are "
         "answered and start its replacement (bootstrapping from a peer); reports requests "
@@ -156,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "--turns": args.turns is not None and args.turns < 1,
         "--time-scale": args.time_scale is not None and args.time_scale <= 0,
         "--wall-rate": args.wall_rate <= 0,
+        "--repeat": args.repeat < 1,
     }
     bad = [name for name, wrong in checks.items() if wrong]
     if bad:
@@ -195,5 +204,6 @@ def run(args: argparse.Namespace) -> int:
         out_dir=args.out or RESULTS_DIR / "routing" / run_name,
         quiet=args.quiet,
         ramp_s=args.ramp,
+        repeat=args.repeat,
     )
     return run_routing(options)

@@ -47,7 +47,7 @@ from bench.routing.report import (
 )
 from bench.routing.routers import KVGATE_POLICIES, make_router, needs_vllm_like_engines
 from bench.routing.script import Script
-from bench.routing.summary import RunResult, summarize
+from bench.routing.summary import RunResult, median_of, spread_of, summarize
 from bench.routing.workloads import WorkloadSize, build, slowdown
 
 
@@ -77,6 +77,10 @@ class RoutingOptions:
     ramp_s: float | None = None
     """Closed loop: model seconds over which the users join; None: at `RAMP_LOAD` of the
     fleet's ideal capacity (see `ramp_for`); 0: all at once."""
+    repeat: int = 1
+    """Rounds of the routers per workload and load, in alternating order: on a shared
+    machine one run's figures move by 10 % or more, and the router running second on a
+    fleet is not in the first one's conditions. The report uses each figure's median."""
 
 
 RAMP_LOAD = 0.8
@@ -100,6 +104,7 @@ def run_routing(options: RoutingOptions) -> int:
 
 async def _main(options: RoutingOptions) -> int:
     results: list[RunResult] = []
+    medians: list[dict[str, Any]] = []
     ttfts: dict[str, list[float]] = {}
     predictions: dict[str, list[tuple[float, float]]] = {}
     plans: dict[str, dict[str, Any]] = {}
@@ -130,43 +135,99 @@ async def _main(options: RoutingOptions) -> int:
                 points = options.loads if options.mode == "open" else [None]
                 for load in points:
                     rate = (load or 0.0) * capacity
-                    point: list[RunResult] = []
-                    for router, (replicas, shared) in _runs(options):
-                        result, values, pairs = await _run_one(
-                            options, client, script, plan, engines, pods, router, load, rate,
-                            replicas, shared, ramp_s=ramp,
-                        )  # fmt: skip
-                        point.append(result)
-                        ttfts[f"{workload}|{result.label}|{load}"] = values
-                        predictions[f"{workload}|{result.label}|{load}"] = pairs
-                        _say(options, _line(result))
-                    results.extend(point)
-                    print(f"\n{title(point[0])}")
-                    print(format_table(point))
-                    accuracy = prediction_lines(point)
-                    if accuracy:
-                        print("TTFT predictions (observed at the client vs kvgate's, model ms):")
-                        print("\n".join(accuracy))
-                    targets = check_targets(point)
-                    for each in point:
-                        targets += channel_target(each.label, each.replica_sync_cpu_share)
-                        targets += failover_targets(each.label, each.replica_kill)
-                    if targets:
-                        print("targets:")
-                        print("\n".join(targets))
+                    rounds: list[list[RunResult]] = []
+                    for round_index in range(options.repeat):
+                        order = _runs(options)
+                        if round_index % 2:
+                            order.reverse()
+                        point: list[RunResult] = []
+                        for router, (replicas, shared) in order:
+                            result, values, pairs = await _run_one(
+                                options, client, script, plan, engines, pods, router, load,
+                                rate, replicas, shared, ramp_s=ramp,
+                            )  # fmt: skip
+                            result = dataclasses.replace(result, round=round_index)
+                            point.append(result)
+                            if round_index == 0:  # the plots show the first round
+                                ttfts[f"{workload}|{result.label}|{load}"] = values
+                                predictions[f"{workload}|{result.label}|{load}"] = pairs
+                            _say(options, _line(result))
+                        results.extend(point)
+                        rounds.append(point)
+                        if options.repeat > 1:
+                            print(f"\n{title(point[0])}, round {round_index + 1} of "
+                                  f"{options.repeat}")  # fmt: skip
+                            print(format_table(point))
+                    if options.repeat == 1:
+                        _report(rounds[0], title(rounds[0][0]))
+                        continue
+                    merged = _medians(rounds)
+                    _report([m for m, _spread in merged],
+                            f"{title(rounds[0][0])}: median of {options.repeat} rounds, "
+                            "the routers' order reversed in every other one")  # fmt: skip
+                    print("spread over the rounds (lowest – highest):")
+                    print("\n".join(_spread_line(m, spread) for m, spread in merged))
+                    medians += [{**m.as_json(), "rounds": options.repeat, "spread": spread}
+                                for m, spread in merged]  # fmt: skip
             finally:
                 await asyncio.gather(*(engine.stop() for engine in engines))
-    document = {
+    document: dict[str, Any] = {
         "options": {**dataclasses.asdict(options), "out_dir": str(options.out_dir)},
         "fleets": plans,
         "runs": [r.as_json() for r in results],
     }
+    if medians:
+        document["medians"] = medians
     paths = [write_json(options.out_dir / "routing.json", document)]
-    paths += plot_all(options.out_dir, results, ttfts, predictions)
+    first_round = [r for r in results if r.round == 0]
+    paths += plot_all(options.out_dir, first_round, ttfts, predictions)
     print("\nresults: " + ", ".join(str(p) for p in paths))
     # Requests lost with a replica killed on purpose are that experiment's figure.
     unexpected = [r.errors - r.replica_kill.get("lost_on_killed", 0) for r in results]
     return 1 if any(unexpected) else 0
+
+
+def _report(point: list[RunResult], heading: str) -> None:
+    """The table, the prediction accuracy and the targets of one workload at one load."""
+    print(f"\n{heading}")
+    print(format_table(point))
+    accuracy = prediction_lines(point)
+    if accuracy:
+        print("TTFT predictions (observed at the client vs kvgate's, model ms):")
+        print("\n".join(accuracy))
+    targets = check_targets(point)
+    for each in point:
+        targets += channel_target(each.label, each.replica_sync_cpu_share)
+        targets += failover_targets(each.label, each.replica_kill)
+    if targets:
+        print("targets:")
+        print("\n".join(targets))
+
+
+def _medians(rounds: list[list[RunResult]]) -> list[tuple[RunResult, dict[str, list[float]]]]:
+    """Per router (in the first round's order), the median of its runs and their spread."""
+    merged = []
+    for first in rounds[0]:
+        runs = [r for point in rounds for r in point if r.label == first.label]
+        merged.append((median_of(runs), spread_of(runs)))
+    return merged
+
+
+def _spread_line(result: RunResult, spread: dict[str, list[float]]) -> str:
+    parts = [
+        f"TTFT p50 {_range(spread['ttft_p50'])}",
+        f"p90 {_range(spread['ttft_p90'])}",
+        f"p99 {_range(spread['ttft_p99'])} ms",
+        f"hit rate {spread['hit_rate'][0]:.1%}–{spread['hit_rate'][1]:.1%}",
+    ]
+    if "rel_err_p90" in spread:
+        low, high = spread["rel_err_p90"]
+        parts.append(f"prediction |error| p90 {low:.0%}–{high:.0%}")
+    return f"  {result.label}: " + ", ".join(parts)
+
+
+def _range(values: list[float]) -> str:
+    return f"{values[0]:,.0f}–{values[1]:,.0f}"
 
 
 async def _run_one(

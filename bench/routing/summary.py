@@ -8,6 +8,7 @@ time the modelled GPU would take); rates likewise per model second.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -61,6 +62,9 @@ class RunResult:
     over the replicas' whole CPU (`process_cpu_seconds_total`), summed over replicas."""
     replica_kill: dict[str, Any] = field(default_factory=dict)
     """`--kill-replica`: one replica killed under load and replaced (failover.py)."""
+    round: int = 0
+    """Which repetition of the routers this run was (`--repeat`: 0, 1, ...; the routers'
+    order alternates from one to the next)."""
     prediction: dict[str, float] = field(default_factory=dict)
     """How well kvgate predicted each request's TTFT (absent for routers that do not):
     `n`, `abs_err_ms_p50` / `_p90` (model ms), `rel_err_p50` / `_p90` (|error| /
@@ -164,3 +168,50 @@ def _prediction(ok: Sequence[RequestRecord], scale_ms: float) -> dict[str, float
         "rel_err_p90": percentile(relative, 90),
         "bias_ms_p50": percentile(bias, 50) * scale_ms,
     }
+
+
+SPREAD_FIGURES = ("ttft_p50", "ttft_p90", "ttft_p99", "hit_rate", "rel_err_p90")
+"""What `spread_of` gives the range of, over a router's repeated runs."""
+
+
+def median_of(runs: Sequence[RunResult]) -> RunResult:
+    """One router's repeated runs (`--repeat`) as one result: the median of each figure,
+    per key for the dict figures (tags and engines alike); the errors summed, so that a
+    failure in any run shows."""
+    first = runs[0]
+    if len(runs) == 1:
+        return first
+    merged: dict[str, Any] = {}
+    for name in first.__dataclass_fields__:
+        values = [getattr(run, name) for run in runs]
+        merged[name] = _median_value(values)
+    merged["errors"] = sum(run.errors for run in runs)
+    merged["first_errors"] = [e for run in runs for e in run.first_errors][:3]
+    merged["round"] = -1
+    return RunResult(**merged)
+
+
+def spread_of(runs: Sequence[RunResult]) -> dict[str, list[float]]:
+    """[lowest, highest] of the headline figures over a router's repeated runs."""
+    figures: dict[str, list[float]] = {
+        "ttft_p50": [r.ttft_ms["p50"] for r in runs],
+        "ttft_p90": [r.ttft_ms["p90"] for r in runs],
+        "ttft_p99": [r.ttft_ms["p99"] for r in runs],
+        "hit_rate": [r.hit_rate for r in runs],
+        "rel_err_p90": [r.prediction["rel_err_p90"] for r in runs if r.prediction],
+    }
+    return {name: [min(v), max(v)] for name, v in figures.items() if v}
+
+
+def _median_value(values: Sequence[Any]) -> Any:
+    first = values[0]
+    if isinstance(first, bool | str) or first is None:
+        return first
+    if isinstance(first, int | float):
+        numbers = [float(v) for v in values if isinstance(v, int | float)]
+        middle = statistics.median(numbers)
+        return round(middle) if isinstance(first, int) else middle
+    if isinstance(first, dict):
+        keys = [k for k in first if all(isinstance(v, dict) and k in v for v in values)]
+        return {k: _median_value([v[k] for v in values]) for k in keys}
+    return first

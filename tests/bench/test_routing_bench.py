@@ -29,7 +29,7 @@ from bench.routing.oracle import Engine, Oracle
 from bench.routing.report import check_targets
 from bench.routing.routers import kv_aware_args, make_router, needs_vllm_like_engines
 from bench.routing.runner import RoutingOptions, ramp_for
-from bench.routing.summary import RunResult
+from bench.routing.summary import RunResult, median_of, spread_of
 from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
 from simulator import LatencyModel
 from tests.conftest import StartEngine
@@ -89,6 +89,29 @@ def test_a_router_that_failed_requests_is_not_the_latency_to_beat() -> None:
     results[2] = _result("sglang-router", 130.0, errors=10)  # 1 %: still compared
     lowest = next(line for line in check_targets(results) if "lowest TTFT p90" in line)
     assert lowest.startswith("  ✗") and "sglang-router 130 ms" in lowest
+
+
+def test_repeated_runs_are_reported_by_their_medians_and_spread() -> None:
+    runs = [
+        dataclasses.replace(_result("prefix-cache", p90), hit_rate=hit, errors=errors,
+                            engine_share={"e0": share, "e1": 1 - share}, round=index,
+                            by_tag={"vip": {"requests": 10, "ttft_p90": p90 / 2}},
+                            prediction={"n": 10.0, "rel_err_p90": err})
+        for index, (p90, hit, errors, share, err) in enumerate(
+            [(200.0, 0.8, 0, 0.4, 0.2), (260.0, 0.9, 2, 0.6, 0.3), (220.0, 0.7, 0, 0.5, 0.1)]
+        )
+    ]  # fmt: skip
+    median = median_of(runs)
+    assert median.ttft_ms == {"p50": 110.0, "p90": 220.0, "p99": 440.0, "mean": 110.0}
+    assert median.hit_rate == 0.8 and median.errors == 2 and median.requests == 1000
+    assert median.engine_share == {"e0": 0.5, "e1": 0.5}
+    assert median.by_tag == {"vip": {"requests": 10, "ttft_p90": 110.0}}
+    assert median.prediction == {"n": 10.0, "rel_err_p90": 0.2}
+    assert median.router == "prefix-cache" and median.round == -1
+    spread = spread_of(runs)
+    assert spread["ttft_p90"] == [200.0, 260.0] and spread["hit_rate"] == [0.7, 0.9]
+    assert spread["rel_err_p90"] == [0.1, 0.3]
+    assert median_of(runs[:1]) is runs[0]
 
 
 def test_unique_prompts_share_nothing_and_vip_flood_mixes_both() -> None:
@@ -214,6 +237,32 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
         assert sum(run["engine_share"].values()) == pytest.approx(1.0)
     for png in ("ttft_cdf.png", "engine_share.png", "prediction_scatter.png"):
         assert (tmp_path / png).stat().st_size > 0
+
+
+def test_repeat_runs_the_routers_again_in_reversed_order_and_reports_medians(
+    tmp_path: Path,
+) -> None:
+    command = [
+        sys.executable, "-m", "gateway.cli", "bench", "routing", "--quick", "--engines", "2",
+        "--workloads", "chat", "--routers", "prefix-cache,round-robin", "--time-scale", "4",
+        "--out", str(tmp_path), "--quiet", "--repeat", "2",
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "round 2 of 2" in out.stdout and "median of 2 rounds" in out.stdout
+    assert "spread over the rounds" in out.stdout and "targets:" in out.stdout
+    document = json.loads((tmp_path / "routing.json").read_text())
+    order = [(run["round"], run["router"]) for run in document["runs"]]
+    assert order == [(0, "prefix-cache"), (0, "round-robin"), (1, "round-robin"),
+                     (1, "prefix-cache")]  # fmt: skip
+    medians = {each["router"]: each for each in document["medians"]}
+    assert set(medians) == {"prefix-cache", "round-robin"}
+    for router, each in medians.items():
+        assert each["rounds"] == 2 and each["errors"] == 0
+        p90s = sorted(r["ttft_ms"]["p90"] for r in document["runs"] if r["router"] == router)
+        assert each["spread"]["ttft_p90"] == p90s
+        assert each["ttft_ms"]["p90"] == pytest.approx(sum(p90s) / 2)
+    assert document["options"]["repeat"] == 2
 
 
 def test_a_replica_killed_under_load_is_replaced_and_the_others_lose_nothing(
