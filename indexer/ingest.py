@@ -9,14 +9,14 @@ block size (engine blocks may be a multiple of it, or a fraction: see `Partial`)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 
 from indexer.block import PrefixStore
 from indexer.config import IndexLimits
 from indexer.eviction import Evictor
 from indexer.hashing import PrefixHasher
 from indexer.holdings import Holdings
-from indexer.native import Native, ReleaseRun, StoreRun
+from indexer.native import Native
 from indexer.pod import IndexedPod, OtherContext, Partial, Target, release_extra
 from indexer.snapshot import PodIndexState
 from indexer.types import EngineHash, StoredBlocksEvent, Tier
@@ -146,8 +146,13 @@ class Ingest:
             and room >= count  # then no block of the event can hit the pod's cap
             and bit >> 64 == 0
         ):
-            pending = _compiled_stores(run, entries, held, engine_hashes, gateway_hashes, bit,
-                                       tiers, now, compiled)  # fmt: skip
+            steps = _compiled(
+                lambda start: run(entries, held, engine_hashes, gateway_hashes, start, bit,
+                                  tiers, now),
+                count,
+                compiled,
+            )  # fmt: skip
+            pending = ((i, engine_hashes[i]) for i in steps)
         for i, engine_hash in pending:
             if partials and partials.pop(engine_hash, None) is not None:  # partial → full
                 self.remapped += 1
@@ -311,8 +316,13 @@ class Ingest:
             and state.bit >> 64 == 0
             and isinstance(block_hashes, list | tuple)
         ):
-            pending = _compiled_runs(release, entries, held, block_hashes, state.bit,
-                                     base_tiers, compiled)  # fmt: skip
+            hashes, bit = block_hashes, state.bit
+            steps = _compiled(
+                lambda start: release(entries, held, hashes, start, bit, base_tiers),
+                len(hashes),
+                compiled,
+            )
+            pending = (hashes[i] for i in steps)
         for engine_hash in pending:
             target = entries.get(engine_hash)
             if target is None and engine_hash not in partials:
@@ -391,48 +401,18 @@ class Ingest:
         return 0
 
 
-def _compiled_runs(
-    release: ReleaseRun,
-    entries: object,
-    held: object,
-    hashes: Sequence[EngineHash],
-    bit: int,
-    tiers: dict[int, list[int]],
-    counts: list[int],
-) -> Iterator[EngineHash]:
-    """`Ingest.removed`'s common case applied in C, run after run; yields, in order, each
-    hash a run stops at, for the Python loop to apply before the next run starts. Adds the
-    runs' entries removed and pairs dropped to `counts`."""
-    total = len(hashes)
+def _compiled(
+    step: Callable[[int], tuple[int, ...]], total: int, counts: list[int]
+) -> Iterator[int]:
+    """A compiled loop's runs over an event's `total` blocks: `step(start)` applies the
+    common case from `start` on and returns where it stopped and what it counted (added to
+    `counts`). Yields, in order, each index a run stops at, for the Python loop to apply
+    before the next run starts after it."""
     start = 0
     while start < total:
-        stop, known, dropped = release(entries, held, hashes, start, bit, tiers)
-        counts[0] += known
-        counts[1] += dropped
+        stop, *counted = step(start)
+        for i, value in enumerate(counted):
+            counts[i] += value
         if stop < total:
-            yield hashes[stop]
-        start = stop + 1
-
-
-def _compiled_stores(
-    run: StoreRun,
-    entries: object,
-    held: object,
-    engine_hashes: Sequence[EngineHash],
-    gateway_hashes: list[int],
-    bit: int,
-    tiers: dict[int, list[int]],
-    now: float,
-    counts: list[int],
-) -> Iterator[tuple[int, EngineHash]]:
-    """`Ingest.stored`'s common case applied in C, run after run; yields, in order, each
-    (index, engine hash) a run stops at, for the Python loop to apply before the next run
-    starts. Adds the runs' entries to `counts`."""
-    total = len(engine_hashes)
-    start = 0
-    while start < total:
-        stop, added = run(entries, held, engine_hashes, gateway_hashes, start, bit, tiers, now)
-        counts[0] += added
-        if stop < total:
-            yield stop, engine_hashes[stop]
+            yield stop
         start = stop + 1
