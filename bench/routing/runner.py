@@ -223,6 +223,11 @@ def _spread_line(result: RunResult, spread: dict[str, list[float]]) -> str:
     if "rel_err_p90" in spread:
         low, high = spread["rel_err_p90"]
         parts.append(f"prediction |error| p90 {low:.0%}–{high:.0%}")
+    parts += [
+        f"{name.removesuffix('_ttft_p90')} p90 {_range(values)} ms"
+        for name, values in spread.items()
+        if name.endswith("_ttft_p90") and name != "ttft_p90"
+    ]
     return f"  {result.label}: " + ", ".join(parts)
 
 

@@ -170,10 +170,6 @@ def _prediction(ok: Sequence[RequestRecord], scale_ms: float) -> dict[str, float
     }
 
 
-SPREAD_FIGURES = ("ttft_p50", "ttft_p90", "ttft_p99", "hit_rate", "rel_err_p90")
-"""What `spread_of` gives the range of, over a router's repeated runs."""
-
-
 def median_of(runs: Sequence[RunResult]) -> RunResult:
     """One router's repeated runs (`--repeat`) as one result: the median of each figure,
     per key for the dict figures (tags and engines alike); the errors summed, so that a
@@ -192,7 +188,9 @@ def median_of(runs: Sequence[RunResult]) -> RunResult:
 
 
 def spread_of(runs: Sequence[RunResult]) -> dict[str, list[float]]:
-    """[lowest, highest] of the headline figures over a router's repeated runs."""
+    """[lowest, highest] over a router's repeated runs of its TTFT p50 / p90 / p99, hit rate
+    and prediction |error| p90, and of each traffic class's TTFT p90 when there are several
+    (`<tag>_ttft_p90`)."""
     figures: dict[str, list[float]] = {
         "ttft_p50": [r.ttft_ms["p50"] for r in runs],
         "ttft_p90": [r.ttft_ms["p90"] for r in runs],
@@ -200,6 +198,9 @@ def spread_of(runs: Sequence[RunResult]) -> dict[str, list[float]]:
         "hit_rate": [r.hit_rate for r in runs],
         "rel_err_p90": [r.prediction["rel_err_p90"] for r in runs if r.prediction],
     }
+    tags = sorted({tag for r in runs for tag in r.by_tag}) if len(runs[0].by_tag) > 1 else []
+    for tag in tags:
+        figures[f"{tag}_ttft_p90"] = [r.by_tag[tag]["ttft_p90"] for r in runs if tag in r.by_tag]
     return {name: [min(v), max(v)] for name, v in figures.items() if v}
 
 

@@ -111,6 +111,11 @@ def test_repeated_runs_are_reported_by_their_medians_and_spread() -> None:
     spread = spread_of(runs)
     assert spread["ttft_p90"] == [200.0, 260.0] and spread["hit_rate"] == [0.7, 0.9]
     assert spread["rel_err_p90"] == [0.1, 0.3]
+    assert "vip_ttft_p90" not in spread  # one class: the whole run's figure says it
+    for index, run in enumerate(runs):
+        run.by_tag["flood"] = {"requests": 5, "ttft_p90": 300.0 + index}
+    assert spread_of(runs)["vip_ttft_p90"] == [100.0, 130.0]
+    assert spread_of(runs)["flood_ttft_p90"] == [300.0, 302.0]
     assert median_of(runs[:1]) is runs[0]
 
 
