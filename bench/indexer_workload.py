@@ -62,25 +62,29 @@ def _tokens(rng: random.Random, count: int) -> list[int]:
     return [_TOKENS[rng.randrange(VOCAB)] for _ in range(count)]
 
 
+@dataclass(frozen=True, slots=True)
+class ChainShape:
+    """How chains are built (see module docstring)."""
+
+    block_size: int = 16
+    chain_blocks: int = 128
+    system_prompts: int = 16
+    system_blocks: tuple[int, int] = (8, 40)
+    p_shared_context: float = 0.3
+
+
 class _Chains:
     """Token chains built the way chat traffic builds them (see module docstring)."""
 
-    def __init__(
-        self,
-        rng: random.Random,
-        block_size: int,
-        chain_blocks: int,
-        system_prompts: int,
-        system_blocks: tuple[int, int],
-        p_shared_context: float,
-    ) -> None:
+    def __init__(self, rng: random.Random, shape: ChainShape) -> None:
         self._rng = rng
         self._systems = [
-            _tokens(rng, rng.randint(*system_blocks) * block_size) for _ in range(system_prompts)
+            _tokens(rng, rng.randint(*shape.system_blocks) * shape.block_size)
+            for _ in range(shape.system_prompts)
         ]
-        self._weights = [1.0 / (rank + 1) for rank in range(system_prompts)]
-        self._tokens = chain_blocks * block_size
-        self._p_shared = p_shared_context
+        self._weights = [1.0 / (rank + 1) for rank in range(shape.system_prompts)]
+        self._tokens = shape.chain_blocks * shape.block_size
+        self._p_shared = shape.p_shared_context
         self._contexts: list[list[int]] = []  # chains built so far, for sharing
 
     def next(self) -> list[int]:
@@ -110,7 +114,8 @@ def build_fleet(
     seed: int = 7,
 ) -> FleetWorkload:
     rng = random.Random(seed)
-    chains = _Chains(rng, block_size, chain_blocks, system_prompts, system_blocks, p_shared_context)
+    shape = ChainShape(block_size, chain_blocks, system_prompts, system_blocks, p_shared_context)
+    chains = _Chains(rng, shape)
     names = [f"pod-{i:03d}" for i in range(pods)]
     events: dict[str, list[StoredEvent]] = {}
     sample_prompts: list[tuple[str, list[int]]] = []
@@ -157,11 +162,7 @@ def build_churn(
     pods: int,
     held_blocks: int,
     turnover: float = 3.0,
-    block_size: int = 16,
-    chain_blocks: int = 128,
-    system_prompts: int = 16,
-    system_blocks: tuple[int, int] = (8, 40),
-    p_shared_context: float = 0.3,
+    shape: ChainShape = ChainShape(),
     event_blocks: int = 32,
     prompts: int = 200,
     seed: int = 11,
@@ -173,9 +174,10 @@ def build_churn(
     what a pod holds stays prefix-closed; evictions are published as BlockRemoved events
     of at most `event_blocks` hashes, right after the BlockStored that caused them."""
     rng = random.Random(seed)
-    chains = _Chains(rng, block_size, chain_blocks, system_prompts, system_blocks, p_shared_context)
+    chains = _Chains(rng, shape)
+    block_size = shape.block_size
     names = [f"pod-{i:03d}" for i in range(pods)]
-    capacity = max(chain_blocks, held_blocks // pods)
+    capacity = max(shape.chain_blocks, held_blocks // pods)
     salts = {name: rng.getrandbits(64) for name in names}
     recency: dict[str, OrderedDict[bytes, int]] = {name: OrderedDict() for name in names}
     stream: list[tuple[str, StoredEvent | RemovedEvent]] = []

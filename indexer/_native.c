@@ -2178,6 +2178,24 @@ static PyObject *native_pod_estimate(PyObject *module, PyObject *const *args, Py
 
 /* -- module --------------------------------------------------------------------------- */
 
+/* The compiled event loops' `start` (where a run starts; below 0: at 0) and the pod's
+ * `bit` (a u64: a pod past the 64th bit is the Python loop's). */
+static int read_run_start(PyObject *start_obj, PyObject *bit_obj, Py_ssize_t *start,
+                          uint64_t *bit) {
+    *start = PyLong_AsSsize_t(start_obj);
+    if (*start == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*start < 0) {
+        *start = 0;
+    }
+    if (!as_u64(bit_obj, bit)) {
+        PyErr_SetString(PyExc_ValueError, "bit must be an int in [0, 2**64)");
+        return -1;
+    }
+    return 0;
+}
+
 /* release_run(entries, held, hashes, start, bit, tiers) -> (stop, known, dropped)
  *
  * Ingest.removed's common case, from hashes[start] on: an engine hash whose entry is one
@@ -2198,13 +2216,9 @@ static PyObject *native_release_run(PyObject *module, PyObject *const *args, Py_
     U64Map *entries = (U64Map *)args[0];
     U64Map *held = (U64Map *)args[1];
     PyObject *tiers = args[5];
-    Py_ssize_t start = PyLong_AsSsize_t(args[3]);
-    if (start == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
+    Py_ssize_t start;
     uint64_t bit;
-    if (!as_u64(args[4], &bit)) {
-        PyErr_SetString(PyExc_ValueError, "bit must be an int in [0, 2**64)");
+    if (read_run_start(args[3], args[4], &start, &bit) < 0) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(args[2], "block hashes must be a sequence");
@@ -2213,7 +2227,7 @@ static PyObject *native_release_run(PyObject *module, PyObject *const *args, Py_
     }
     Py_ssize_t total = PySequence_Fast_GET_SIZE(seq);
     PyObject **hashes = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t i = start < 0 ? 0 : start;
+    Py_ssize_t i = start;
     Py_ssize_t known = 0, dropped = 0;
     for (; i < total; i++) {
         PyObject *key = hashes[i];
@@ -2295,13 +2309,9 @@ static PyObject *native_store_run(PyObject *module, PyObject *const *args, Py_ss
     U64Map *held = (U64Map *)args[1];
     PyObject *gateway = args[3];
     PyObject *tiers = args[6];
-    Py_ssize_t start = PyLong_AsSsize_t(args[4]);
-    if (start == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
+    Py_ssize_t start;
     uint64_t bit;
-    if (!as_u64(args[5], &bit)) {
-        PyErr_SetString(PyExc_ValueError, "bit must be an int in [0, 2**64)");
+    if (read_run_start(args[4], args[5], &start, &bit) < 0) {
         return NULL;
     }
     double now = PyFloat_AsDouble(args[7]);
@@ -2314,7 +2324,7 @@ static PyObject *native_store_run(PyObject *module, PyObject *const *args, Py_ss
     }
     Py_ssize_t total = Py_MIN(PySequence_Fast_GET_SIZE(seq), PyList_GET_SIZE(gateway));
     PyObject **hashes = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t i = start < 0 ? 0 : start;
+    Py_ssize_t i = start;
     Py_ssize_t applied = 0;
     for (; i < total; i++) {
         PyObject *key = hashes[i];

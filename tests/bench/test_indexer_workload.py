@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from bench.indexer_workload import RemovedEvent, StoredEvent, build_churn
+from bench.indexer_workload import ChainShape, RemovedEvent, StoredEvent, build_churn
 from indexer import IndexConfig, IndexLimits, SyncPrefixHashTable
 
 
@@ -17,7 +17,7 @@ def test_the_churn_stream_keeps_every_pod_full_and_prefix_closed(pure: bool) -> 
     and removes only what it holds; the stream interleaves the pods."""
     pods, held = 4, 2_000
     workload = build_churn(
-        pods=pods, held_blocks=held, turnover=3.0, chain_blocks=32, system_blocks=(2, 8)
+        pods=pods, held_blocks=held, shape=ChainShape(chain_blocks=32, system_blocks=(2, 8))
     )
     limits = IndexLimits(max_prefixes_per_context=10**7, max_blocks_per_pod=10**7)
     table = SyncPrefixHashTable(IndexConfig(limits=limits, pure_python=pure))
