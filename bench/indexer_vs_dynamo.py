@@ -171,8 +171,26 @@ class DynamoSide:
         return removed
 
     def match(self, tree: Any, hashes: list[int]) -> dict[int, int]:
-        scores = tree.find_matches(hashes).scores
-        return {worker: count for (worker, _rank), count in scores.items()}
+        return _dynamo_scores(tree, hashes)
+
+
+def _dynamo_scores(tree: Any, hashes: list[int]) -> dict[int, int]:
+    """Dynamo's matched blocks per worker."""
+    scores = tree.find_matches(hashes).scores
+    return {worker: count for (worker, _rank), count in scores.items()}
+
+
+def _answers_agree(result: Any, worker: dict[str, int], scores: dict[int, int]) -> bool:
+    """kvgate's match `result` and Dynamo's `scores` give every worker the same blocks."""
+    ours = {worker[pod]: n for pod, n in result.blocks.items() if n}
+    return ours == {w: n for w, n in scores.items() if n}
+
+
+def _medians(figures: dict[str, list[float]]) -> dict[str, Any]:
+    """Each figure's median over the runs, and its range under `spread`."""
+    out: dict[str, Any] = {key: statistics.median(vals) for key, vals in figures.items()}
+    out["spread"] = {key: [min(vals), max(vals)] for key, vals in figures.items()}
+    return out
 
 
 class KvgateSide:
@@ -264,8 +282,7 @@ def _measure_fleet(pods: int, blocks_per_pod: int, runs: int, queries: int) -> d
                     start = clock()
                     scores = dynamo.match(tree, hashes)
                     samples[name].append((clock() - start) * 1e6)
-            expected = {dynamo.worker[p]: n for p, n in result.blocks.items() if n}
-            if expected != {w: n for w, n in scores.items() if n}:
+            if not _answers_agree(result, dynamo.worker, scores):
                 answers_equal = False
         for name in ("kvgate", "dynamo"):
             figures.setdefault(f"{name}_match_p50", []).append(percentile(samples[name], 50))
@@ -274,8 +291,7 @@ def _measure_fleet(pods: int, blocks_per_pod: int, runs: int, queries: int) -> d
             removed, seconds = _timed(side.remove, indexes[name])
             figures.setdefault(f"{name}_remove", []).append(removed / seconds)
         del indexes, table, tree
-    out: dict[str, Any] = {key: statistics.median(vals) for key, vals in figures.items()}
-    out["spread"] = {key: [min(vals), max(vals)] for key, vals in figures.items()}
+    out = _medians(figures)
     out["answers_equal"] = answers_equal
     out["blocks"] = workload.total_blocks
     out["memory"] = _measure_memory(kvgate, dynamo, workload.total_blocks)
@@ -343,13 +359,11 @@ def _measure_churn(pods: int, held_blocks: int, runs: int, queries: int) -> dict
         for _ in range(queries):
             _holder, tokens = rng.choice(workload.prompts)
             result = table.match(context, table.prefix_hashes(tokens), workload.pods)
-            theirs = tree.find_matches(encode.hash(tokens, BLOCK_SIZE)).scores
-            expected = {encode.worker[p]: n for p, n in result.blocks.items() if n}
-            if expected != {w: n for (w, _rank), n in theirs.items() if n}:
+            theirs = _dynamo_scores(tree, encode.hash(tokens, BLOCK_SIZE))
+            if not _answers_agree(result, encode.worker, theirs):
                 answers_equal = False
         del indexes, table, tree
-    out: dict[str, Any] = {key: statistics.median(vals) for key, vals in figures.items()}
-    out["spread"] = {key: [min(vals), max(vals)] for key, vals in figures.items()}
+    out = _medians(figures)
     out["answers_equal"] = answers_equal
     out["stored_blocks"] = workload.stored_blocks
     out["removed_blocks"] = workload.removed_blocks
