@@ -22,6 +22,7 @@ from gateway.registry import PodState
 from gateway.router import Kind
 from gateway.routing import Prediction
 from gateway.routing.cost import FEATURES
+from gateway.routing.predicted import cached_tokens
 from gateway.state import GatewayState, state_of
 from indexer import EngineHash, Tier, encode_snapshot
 
@@ -132,7 +133,12 @@ async def match(request: Request) -> Response:
     ranked = {state.name: rank for rank, state in enumerate(decision.ranking)}
     pods_view: dict[str, Any] = {}
     predictions = routed.request.state.predictions
-    for state in gateway.registry.serving(body["model"]):
+    serving = gateway.registry.serving(body["model"])
+    names = [state.name for state in serving]
+    block_size = gateway.table.config.block_size
+    held = dict(zip(names, cached_tokens(gateway.router.cost, block_size, result, names),
+                    strict=True))  # fmt: skip
+    for state in serving:
         counts = result.tier_counts(state.name) if result is not None else {}
         prediction = predictions.get(state.name)
         pods_view[state.name] = {
@@ -144,7 +150,9 @@ async def match(request: Request) -> Response:
             "rank": ranked.get(state.name),
             "eligible": state.name in ranked,
             "predicted_ttft_ms": None if prediction is None else prediction.ttft_s * 1e3,
-            "prediction": None if prediction is None else _prediction_view(prediction),
+            "prediction": None
+            if prediction is None
+            else _prediction_view(prediction, routed.request.prompt_tokens - held[state.name]),
         }
     return JSONResponse(
         {
@@ -158,10 +166,13 @@ async def match(request: Request) -> Response:
     )
 
 
-def _prediction_view(prediction: Prediction) -> dict[str, Any]:
-    """The cost model's terms for one pod: inputs, learned coefficients, each term in ms."""
+def _prediction_view(prediction: Prediction, uncached_tokens: float) -> dict[str, Any]:
+    """The cost model's terms for one pod: inputs, learned coefficients, each term in ms.
+    Token counts of prefill work include the attention over the cached context
+    (`KVGATE_COST_CONTEXT_SHARE`): the request's own is also given as plain tokens."""
     return {
-        "own_uncached_tokens": prediction.own_tokens,
+        "own_uncached_tokens": max(0.0, uncached_tokens),
+        "own_work_tokens": prediction.own_tokens,
         "queued_prefill_tokens": prediction.queued_tokens,
         "queued_requests": prediction.queued_requests,
         "decoding_sequences": prediction.decoding,

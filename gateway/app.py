@@ -128,7 +128,9 @@ async def _start(
         httpx.AsyncClient(transport=transport, timeout=5.0)
     )
     cost = CostModel(
-        CostParams().with_prior_scale(settings.cost_prior_scale),
+        CostParams(context_share=settings.cost_context_share).with_prior_scale(
+            settings.cost_prior_scale
+        ),
         pure_python=settings.index.pure_python,
     )
     if settings.bootstrap_peer is not None:  # the fresher view: before any file's

@@ -340,7 +340,8 @@ class _FleetCollector(Collector):
         queued = GaugeMetricFamily(
             "kvgate_queued_prefill_tokens",
             "Uncached prompt tokens this gateway sent to the pod whose first byte has not come "
-            "back (the cost model's queue)",
+            "back (the cost model's queue), in prefill work: each request's attention over its "
+            "cached context included (KVGATE_COST_CONTEXT_SHARE)",
             labels=["pod"],
         )
         unindexable = GaugeMetricFamily(

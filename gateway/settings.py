@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from gateway.errors import ConfigError
+from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import IndexConfig, IndexLimits, Tier
 
@@ -204,6 +205,13 @@ def _positive_number(raw: str) -> float:
     return value
 
 
+def _non_negative_number(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < float("inf"):
+        raise ValueError(raw)
+    return value
+
+
 def _minutes(raw: str) -> float:
     return _positive_number(raw) * 60.0
 
@@ -328,6 +336,15 @@ class Settings:
         "how many times slower than the cost model's prior (a 14B model on one GPU) this "
         "fleet answers: the TTFT model starts from its prior times this and learns the rest "
         "from the pods' answers ([docs/routing.md](docs/routing.md))",
+    )  # fmt: skip
+    cost_context_share: float = _setting(
+        CALIBRATED_CONTEXT_SHARE, "KVGATE_COST_CONTEXT_SHARE", _non_negative_number,
+        "a number >= 0",
+        "how much more a prompt token costs to prefill per token of context before it (the "
+        "attention over it): the cost model counts a request with C tokens cached and N to "
+        "compute as N + share · ((C + N)² − C²) tokens of work. The default is a 14B model's "
+        "on one GPU; ~3e-5 suits an 8B, ~2e-5 a 70B; 0 counts N alone "
+        "([docs/routing.md](docs/routing.md))",
     )  # fmt: skip
     hot_spot_margin: int = _setting(
         16, "KVGATE_HOT_SPOT_MARGIN", _positive_int, "an integer > 0",

@@ -133,19 +133,14 @@ class Prediction(NamedTuple):
         """θ as it applies to this pod (its speed folded in)."""
         return _pod_coefficients(self.coefficients, self.speed)
 
-    def with_own_tokens(self, own_tokens: float) -> float:
-        """The predicted TTFT had the request `own_tokens` uncached tokens on this pod."""
-        return self.ttft_s - self.own_prefill_s() + self.own_prefill_s(own_tokens)
-
     def delay_to_queued_s(self) -> float:
         """What this request adds to the TTFTs of the requests queued on the pod for its
         next step (`kernels.delays`): its own prefill, once for each of them."""
         return self.queued_requests * self.own_prefill_s()
 
-    def own_prefill_s(self, own_tokens: float | None = None) -> float:
+    def own_prefill_s(self) -> float:
         """The predicted time of this request's own prefill on the pod."""
-        tokens = self.own_tokens if own_tokens is None else own_tokens
-        return self.speed * self.coefficients[1] * tokens / _TOKEN_UNIT
+        return self.speed * self.coefficients[1] * self.own_tokens / _TOKEN_UNIT
 
 
 def _pod_coefficients(theta: tuple[float, ...], speed: float) -> tuple[float, ...]:
@@ -332,6 +327,21 @@ class CostModel:
         candidate = (pod, cached_tokens, scraped_at, running, waiting)
         return self.predict_many([candidate], prompt_tokens, now=now)[0]
 
+    def work_tokens(self, tokens: float) -> float:
+        """A prompt of `tokens` in prefill work (tokens), its attention over itself
+        included (`CostParams.context_share`): what a request computes is the difference
+        of this between its prompt and the part cached, N + share · ((C + N)² − C²)."""
+        share = self.params.context_share
+        return tokens + share * tokens * tokens if share else tokens
+
+    def _work_of(self, cached: Sequence[float], prompt_tokens: float) -> tuple[list[float], float]:
+        """The candidates' cached tokens and the prompt, as `work_tokens` (unchanged when
+        the context is free): their differences are each pod's own prefill work."""
+        share = self.params.context_share
+        if not share:
+            return list(cached), prompt_tokens
+        return [c + share * c * c for c in cached], prompt_tokens + share * prompt_tokens**2
+
     def predict_many(
         self,
         candidates: Sequence[tuple[str, float, float | None, float, float]],
@@ -347,8 +357,10 @@ class CostModel:
         t5 = theta[STEP_TERM]
         make = tuple.__new__  # Prediction(...) runs namedtuple's Python-level __new__
         predictions: list[Prediction] = []
+        work = self.work_tokens
+        prompt_work = work(prompt_tokens)
         for (pod, cached_tokens, *_), e in zip(candidates, estimates, strict=True):
-            own = prompt_tokens - cached_tokens
+            own = prompt_work - work(cached_tokens)
             if own < 0.0:
                 own = 0.0
             remaining = e.step_end - now
@@ -372,9 +384,10 @@ class CostModel:
         the caller has them): what a picker ranks by, without a `Prediction` per pod (the
         chosen pod's is made when the request is dispatched)."""
         ranking, now = self._current_ranking(pods, names)
+        held, prompt = self._work_of(cached, prompt_tokens)
         return self.kernels.affine_costs(
-            ranking.bases, ranking.units, ranking.ends, list(cached), prompt_tokens,
-            self._theta[STEP_TERM], now,
+            ranking.bases, ranking.units, ranking.ends, held, prompt, self._theta[STEP_TERM],
+            now,
         )  # fmt: skip
 
     def rank_delays(
@@ -402,8 +415,9 @@ class CostModel:
         first)."""
         ranking, now = self._current_ranking(pods, names)
         rates = self._rates(ranking, now) if arrival_weight else []
+        held, prompt = self._work_of(cached, prompt_tokens)
         return self.kernels.affine_order(
-            ranking.bases, ranking.units, ranking.ends, cached, prompt_tokens,
+            ranking.bases, ranking.units, ranking.ends, held, prompt,
             self._theta[STEP_TERM], now, tolerance, ranking.waits, delay_weight, rates,
             arrival_weight,
         )  # fmt: skip

@@ -185,10 +185,11 @@ class MinPredictedTtftPicker:
         if placing:
             # As if every pod held as much as the best (the shared prefix): each pod's own
             # prefill scaled down to the least any pod has to do.
-            prompt = request.prompt_tokens
-            least = prompt - max(cached)
+            work = self._cost.work_tokens
+            prompt = work(request.prompt_tokens)
+            least = prompt - work(max(cached))
             costs = [
-                ttft - prefill * (1.0 - least / own) if (own := prompt - held) > 0 else ttft
+                ttft - prefill * (1.0 - least / own) if (own := prompt - work(held)) > 0 else ttft
                 for ttft, prefill, held in zip(ttfts, prefills, cached, strict=True)
             ]
         elif self.prefill_weight:

@@ -35,6 +35,11 @@ STEP_TERM = FEATURES.index("step_remaining")
 # decoding sequences, 25 ms for the decode step a busy engine runs with every prefill, the
 # current step's remaining time as it is, in-step tokens at half their prefill cost.
 DEFAULT_PRIOR = (0.020, 0.111, 0.020, 0.005, 0.025, 1.0, 0.05)
+# A prompt token's prefill grows by this share per token of context before it (the
+# attention over it), on the same calibration: 0.00475 µs/token² against 111 µs/token.
+# Roughly 4 × layers × hidden size / (2 × parameters) for other dense models: ~3e-5 for an
+# 8B, ~2e-5 for a 70B (`KVGATE_COST_CONTEXT_SHARE`).
+CALIBRATED_CONTEXT_SHARE = 4.3e-5
 _MAX_TRACE_FACTOR = 10.0
 
 
@@ -49,6 +54,11 @@ class CostParams:
     run in five of the chat benchmark drifted into predictions 10–14 % high for its whole
     length (the pods' speeds falling while θ rose to meet them); at 1.5 the same recorded
     answers, replayed, stay centred (docs/benchmarks.md)."""
+    context_share: float = 0.0
+    """How much more a prompt token costs to prefill per token of context before it (the
+    attention over it): a request with C tokens cached and N to compute does the work of
+    N + context_share · ((C + N)² − C²) tokens (`CostModel.work_tokens`). 0 here, a pure
+    linear model; a gateway runs with `CALIBRATED_CONTEXT_SHARE` unless told otherwise."""
     cpu_load_fraction: float = 0.05
     """A CPU-tier block costs this share of a block's prefill to load back."""
     storage_load_fraction: float = 0.2

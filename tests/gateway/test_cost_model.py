@@ -580,21 +580,23 @@ def test_the_pickers_costs_are_the_predictions_themselves() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pure_python", "log_size"),
-    [(True, 4096), (False, 4096), (False, 16)],
-    ids=["pure", "compiled", "short-change-log"],
-)
+    ("pure_python", "log_size", "context_share"),
+    [(True, 4096, 0.0), (False, 4096, 0.0), (False, 16, 0.0), (True, 4096, 4e-5),
+     (False, 4096, 4e-5)],
+    ids=["pure", "compiled", "short-change-log", "pure-context", "compiled-context"],
+)  # fmt: skip
 def test_rank_costs_follow_every_change_of_the_pods(
-    pure_python: bool, log_size: int, monkeypatch: pytest.MonkeyPatch
+    pure_python: bool, log_size: int, context_share: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`rank_costs` keeps each candidate list's estimates between decisions and
     re-estimates only the pods whose work changed: after any sequence of requests sent,
     answered (streamed or not), finished, step boundaries, scrapes, learning and time
     passing, its costs are the predictions made from scratch (also when the log of changes
-    fills up between decisions)."""
+    fills up between decisions, and when the context's attention counts)."""
     monkeypatch.setattr("gateway.routing.cost._MAX_CHANGES", log_size)
     clock = Clock()
-    cost = CostModel(clock=clock, pure_python=pure_python)
+    params = CostParams(context_share=context_share)
+    cost = CostModel(params, clock=clock, pure_python=pure_python)
     rng = random.Random(3)
     names = [f"pod-{i}" for i in range(6)]
     pods = [pod(name) for name in names]
@@ -645,6 +647,33 @@ def test_rank_costs_follow_every_change_of_the_pods(
         assert head == sorted(head, reverse=True) and equal == head.count(head[0])
         rest = [ttfts[i] for i in order[ties:]]
         assert rest == sorted(rest), step
+
+
+def test_a_prompt_costs_its_attention_over_the_context_before_it() -> None:
+    """With `context_share`, a request with C tokens cached and N to compute does the
+    work of N + share · ((C + N)² − C²) tokens, as an engine's prefill attends over the
+    whole context: the same 300 new tokens cost more after 4,000 cached than alone, the
+    pod holding more of the prompt still costs less, and the picker's one-pass order and
+    costs are the predictions' own."""
+    clock = Clock()
+    share = 4e-5
+    cost = CostModel(CostParams(context_share=share), clock=clock)
+    alone = cost.predict("cold", 300, 0.0)
+    after_context = cost.predict("holder", 4300, 4000.0)
+    assert alone.own_tokens == pytest.approx(300 + share * 300**2)
+    assert after_context.own_tokens == pytest.approx(300 + share * (4300**2 - 4000**2))
+    assert after_context.ttft_s > alone.ttft_s
+    without = CostModel(clock=clock).predict("holder", 4300, 4000.0)
+    assert without.own_tokens == 300.0
+    pods = [pod("cold"), pod("holder")]
+    ttfts, prefills = cost.rank_costs(pods, [0.0, 4000.0], 4300)
+    predictions = [cost.predict("cold", 4300, 0.0), after_context]
+    for ttft, prefill, prediction in zip(ttfts, prefills, predictions, strict=True):
+        assert ttft == pytest.approx(prediction.ttft_s)
+        assert prefill == pytest.approx(prediction.own_prefill_s())
+    assert ttfts[1] < ttfts[0]
+    order, _, _ = cost.rank_order(pods, [0.0, 4000.0], 4300, None, 0.0)
+    assert order == [1, 0]
 
 
 def test_placement_by_conversations_counts_first_turns_not_requests() -> None:

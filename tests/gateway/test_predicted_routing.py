@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from gateway.routing import FEATURES
+from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE
 from simulator import LatencyModel
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
@@ -127,6 +128,11 @@ async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGatewa
             assert pod["predicted_ttft_ms"] > 0
             prediction = pod["prediction"]
             assert prediction["own_uncached_tokens"] > 0
+            # nothing cached: the prompt's attention over itself is work beyond its tokens
+            uncached = prediction["own_uncached_tokens"]
+            assert prediction["own_work_tokens"] == pytest.approx(
+                uncached + CALIBRATED_CONTEXT_SHARE * uncached**2
+            )
             assert set(prediction["terms_ms"]) == set(FEATURES)
             assert prediction["speed"] > 0 and prediction["step_remaining_ms"] >= 0
             # nothing queued on an idle fleet: sending it there delays nobody

@@ -191,6 +191,8 @@ def test_invalid_tier_weights(raw: str) -> None:
         ("KVGATE_SESSION_HEADER", "x session", "header name"),
         ("KVGATE_HOT_SPOT_MARGIN", "-3", "> 0"),
         ("KVGATE_COST_PRIOR_SCALE", "0", "> 0"),
+        ("KVGATE_COST_CONTEXT_SHARE", "-1e-5", ">= 0"),
+        ("KVGATE_COST_CONTEXT_SHARE", "inf", ">= 0"),
         ("KVGATE_GC_GEN0_THRESHOLD", "-1", ">= 0"),
         ("AIBRIX_PREFIX_CACHE_BLOCK_SIZE", "0", "positive integer"),
         ("AIBRIX_SYNC_MAX_CONTEXTS", "none", "positive integer"),
