@@ -23,7 +23,8 @@ modelled as linear in seven features, all known at decision time:
 - the current step: its start is seen, not guessed — every chunk the gateway relays from
   a pod leaves at the end of one of its steps, so the first chunk after a quiet spell is a
   step boundary (`pulse`). Its length is the pod's pure decode step (the shortest of its
-  recent steps) plus the prefill of the requests it admitted (ours sent before it began),
+  recent steps that prefilled none of ours) plus the prefill of the requests it admitted
+  (ours sent before it began),
   at the model's own rates; what is left of it is waited out before anything new starts.
   Requests admitted in it also count as tokens in the step (θ6): their prefill can run on
   when the estimate of its length falls short.
@@ -230,7 +231,11 @@ class _PodWork:
     length is that prefill's, not a decode step's."""
     step_lengths: list[float] = field(default_factory=list)
     decode_step_s: float = 0.0
-    """The shortest of its recent steps: its pure decode step at about the current batch."""
+    """The shortest of its recent decode steps: its pure decode step at about the current
+    batch."""
+    sampled_step: int = -1
+    """The step whose begin recorded the last of `step_lengths` (the length of the step
+    before it), until a first byte at that boundary shows the step before prefilled."""
     mean_tokens: float = 0.0
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
     activity: float = 0.0
@@ -641,14 +646,27 @@ class CostModel:
         quiet = 0.25 * work.decode_step_s
         if now - work.last_chunk > (quiet if quiet > _STEP_GAP_S else _STEP_GAP_S):
             length = now - work.step_start
-            if length < _MAX_STEP_S and not work.step_seeded:
+            sampled = length < _MAX_STEP_S and not work.step_seeded
+            if sampled:
                 lengths = work.step_lengths
                 lengths.append(length)
                 if len(lengths) > _STEP_HISTORY:
                     del lengths[0]
                 work.decode_step_s = min(lengths)
             self._begin_step(work, now, seeded=False)
+            work.sampled_step = work.steps if sampled else -1
         work.last_chunk = now
+
+    def _unsample_prefill_step(self, work: _PodWork) -> None:
+        """A request sent before the current step began got its first byte at its boundary
+        (the burst of chunks that began it): the step before prefilled it, so its length
+        is no decode step. Without this, on a pod that admits a prompt at almost every step
+        (unique prompts at high load) the shortest of the recent "decode" steps became a
+        prefill step of 100-250 ms: every prediction there waited out a step that had
+        ended long before, and chunks 20 ms apart no longer told steps apart."""
+        work.step_lengths.pop()
+        work.decode_step_s = min(work.step_lengths, default=0.0)
+        work.sampled_step = -1
 
     def _begin_step(self, work: _PodWork, now: float, *, seeded: bool) -> None:
         """The pod's next step begins now: every request in prefill is admitted in it or
@@ -708,6 +726,13 @@ class CostModel:
         if ticket.phase != "prefill":
             return None
         work = self._pods.get(ticket.pod)
+        if (
+            work is not None
+            and ticket.streamed  # an unstreamed answer's first byte is its last token's
+            and work.sampled_step == work.steps
+            and ticket.step < work.steps
+        ):
+            self._unsample_prefill_step(work)
         self._leave_prefill(ticket, work)
         ticket.phase = "decode"
         if work is not None:

@@ -455,6 +455,40 @@ def test_the_current_step_is_timed_from_the_relayed_chunks() -> None:
     assert idle.busy == 0.0 and idle.step_remaining_s == 0.0  # an idle engine starts at once
 
 
+def test_a_step_that_prefilled_one_of_ours_is_not_taken_for_a_decode_step() -> None:
+    """A step at whose end one of our requests sent before it got its first byte admitted
+    that request: its length is a prefill step's, not the pod's decode step, even when every
+    recent step admitted a prompt (unique prompts at high load). Otherwise the decode step
+    grows to 200 ms, every prediction waits out a step that ended long before, and chunks
+    20 ms apart no longer begin steps."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    decoding = cost.start(cost.predict("p", 500, 0.0), streamed=True)
+    clock.now += 0.1
+    cost.pulse("p")  # the idle pod's own step (seeded): no decode step either
+    cost.first_byte(decoding)
+    for _ in range(4):  # pure decode steps of 20 ms
+        clock.now += 0.020
+        cost.pulse("p")
+    assert cost.step("p")[1] == pytest.approx(0.020)
+    admitted = None
+    for _ in range(12):  # each 200 ms step prefills the prompt sent during the one before
+        waiting = cost.start(cost.predict("p", 2000, 0.0), streamed=True)
+        clock.now += 0.200
+        cost.pulse("p")
+        if admitted is not None:
+            cost.first_byte(admitted)
+        admitted = waiting
+    assert cost.step("p")[1] == pytest.approx(0.020)
+    assert admitted is not None
+    cost.first_byte(admitted)  # not at a boundary this time: the pod's samples stay
+    clock.now += 0.020
+    cost.pulse("p")  # a decode chunk 20 ms later begins a step
+    assert cost.step("p") == (pytest.approx(clock.now), pytest.approx(0.020))
+    clock.now += 0.010
+    assert cost.predict("p", 100, 0.0).step_remaining_s == pytest.approx(0.010)
+
+
 def test_each_pod_learns_its_speed_and_a_new_pod_starts_at_the_typical_one() -> None:
     clock = Clock()
     cost = _trained_fleet(clock, {"fast": 1.0, "slow": 2.0, "slower": 4.0})
