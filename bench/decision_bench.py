@@ -138,7 +138,7 @@ async def _measure(
     # step end is then a new step (two chunks closer than 2 ms are one step's), and the
     # run stays under the 10 s after which an unanswered pod would be probed.
     model_time = [0.0]
-    cost = CostModel(clock=(lambda: model_time[0]) if step_ends else None)
+    cost = CostModel(settings.cost_params(), clock=(lambda: model_time[0]) if step_ends else None)
     router = _TimedRouter(
         registry=registry,
         table=table,

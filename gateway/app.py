@@ -47,7 +47,7 @@ from gateway.registry import PodRegistry
 from gateway.replicas import ReplicaSync, ReplicaSyncCollector
 from gateway.request_id import RequestIds
 from gateway.router import Router, build_policies
-from gateway.routing import CostModel, CostParams, PinLookup
+from gateway.routing import CostModel, PinLookup
 from gateway.scraper import MetricsScraper
 from gateway.settings import Settings
 from gateway.state import GatewayState
@@ -128,9 +128,7 @@ async def _start(
         httpx.AsyncClient(transport=transport, timeout=5.0)
     )
     cost = CostModel(
-        CostParams(context_share=settings.cost_context_share).with_prior_scale(
-            settings.cost_prior_scale
-        ),
+        settings.cost_params(),
         pure_python=settings.index.pure_python,
     )
     if settings.bootstrap_peer is not None:  # the fresher view: before any file's

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from gateway.errors import ConfigError
-from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE
+from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE, CostParams
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import IndexConfig, IndexLimits, Tier
 
@@ -564,6 +564,12 @@ class Settings:
     def prefix_routing(self) -> bool:
         """Whether prompts are tokenized and matched against the index at all."""
         return self.use_remote_tokenizer
+
+    def cost_params(self) -> CostParams:
+        """The cost model's parameters as these settings ask (the gateway's, and any
+        benchmark that measures what the gateway runs)."""
+        params = CostParams(context_share=self.cost_context_share)
+        return params.with_prior_scale(self.cost_prior_scale)
 
     @classmethod
     def load(cls, env: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> Settings:
