@@ -481,7 +481,9 @@ def test_a_step_that_prefilled_one_of_ours_is_not_taken_for_a_decode_step() -> N
         admitted = waiting
     assert cost.step("p")[1] == pytest.approx(0.020)
     assert admitted is not None
-    cost.first_byte(admitted)  # not at a boundary this time: the pod's samples stay
+    clock.now += 0.200
+    cost.pulse("p")
+    cost.first_byte(admitted)
     clock.now += 0.020
     cost.pulse("p")  # a decode chunk 20 ms later begins a step
     assert cost.step("p") == (pytest.approx(clock.now), pytest.approx(0.020))
