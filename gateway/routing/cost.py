@@ -332,20 +332,16 @@ class CostModel:
         candidate = (pod, cached_tokens, scraped_at, running, waiting)
         return self.predict_many([candidate], prompt_tokens, now=now)[0]
 
-    def work_tokens(self, tokens: float) -> float:
-        """A prompt of `tokens` in prefill work (tokens), its attention over itself
-        included (`CostParams.context_share`): what a request computes is the difference
-        of this between its prompt and the part cached, N + share · ((C + N)² − C²)."""
-        share = self.params.context_share
-        return tokens + share * tokens * tokens if share else tokens
-
-    def _work_of(self, cached: Sequence[float], prompt_tokens: float) -> tuple[list[float], float]:
-        """The candidates' cached tokens and the prompt, as `work_tokens` (unchanged when
-        the context is free): their differences are each pod's own prefill work."""
+    def work_of(self, cached: Sequence[float], prompt_tokens: float) -> tuple[list[float], float]:
+        """The candidates' cached tokens and the prompt in prefill work, T + share · T²
+        (`CostParams.context_share`: each token's attention over the tokens before it):
+        the prompt's less a pod's is what the pod computes, N + share · ((C + N)² − C²)
+        for C cached and N new. Unchanged when the context is free."""
         share = self.params.context_share
         if not share:
             return list(cached), prompt_tokens
-        return [c + share * c * c for c in cached], prompt_tokens + share * prompt_tokens**2
+        prompt = prompt_tokens + share * prompt_tokens * prompt_tokens
+        return [c + share * c * c for c in cached], prompt
 
     def predict_many(
         self,
@@ -362,10 +358,9 @@ class CostModel:
         t5 = theta[STEP_TERM]
         make = tuple.__new__  # Prediction(...) runs namedtuple's Python-level __new__
         predictions: list[Prediction] = []
-        work = self.work_tokens
-        prompt_work = work(prompt_tokens)
-        for (pod, cached_tokens, *_), e in zip(candidates, estimates, strict=True):
-            own = prompt_work - work(cached_tokens)
+        held, prompt = self.work_of([c[1] for c in candidates], prompt_tokens)
+        for (pod, *_), cached_tokens, e in zip(candidates, held, estimates, strict=True):
+            own = prompt - cached_tokens
             if own < 0.0:
                 own = 0.0
             remaining = e.step_end - now
@@ -389,7 +384,7 @@ class CostModel:
         the caller has them): what a picker ranks by, without a `Prediction` per pod (the
         chosen pod's is made when the request is dispatched)."""
         ranking, now = self._current_ranking(pods, names)
-        held, prompt = self._work_of(cached, prompt_tokens)
+        held, prompt = self.work_of(cached, prompt_tokens)
         return self.kernels.affine_costs(
             ranking.bases, ranking.units, ranking.ends, held, prompt, self._theta[STEP_TERM],
             now,
@@ -420,7 +415,7 @@ class CostModel:
         first)."""
         ranking, now = self._current_ranking(pods, names)
         rates = self._rates(ranking, now) if arrival_weight else []
-        held, prompt = self._work_of(cached, prompt_tokens)
+        held, prompt = self.work_of(cached, prompt_tokens)
         return self.kernels.affine_order(
             ranking.bases, ranking.units, ranking.ends, held, prompt,
             self._theta[STEP_TERM], now, tolerance, ranking.waits, delay_weight, rates,

@@ -185,12 +185,11 @@ class MinPredictedTtftPicker:
         if placing:
             # As if every pod held as much as the best (the shared prefix): each pod's own
             # prefill scaled down to the least any pod has to do.
-            work = self._cost.work_tokens
-            prompt = work(request.prompt_tokens)
-            least = prompt - work(max(cached))
+            held, prompt = self._cost.work_of(cached, request.prompt_tokens)
+            least = prompt - max(held)
             costs = [
-                ttft - prefill * (1.0 - least / own) if (own := prompt - work(held)) > 0 else ttft
-                for ttft, prefill, held in zip(ttfts, prefills, cached, strict=True)
+                ttft - prefill * (1.0 - least / own) if (own := prompt - pod_held) > 0 else ttft
+                for ttft, prefill, pod_held in zip(ttfts, prefills, held, strict=True)
             ]
         elif self.prefill_weight:
             weight = self.prefill_weight

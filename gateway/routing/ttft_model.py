@@ -57,7 +57,7 @@ class CostParams:
     context_share: float = 0.0
     """How much more a prompt token costs to prefill per token of context before it (the
     attention over it): a request with C tokens cached and N to compute does the work of
-    N + context_share · ((C + N)² − C²) tokens (`CostModel.work_tokens`). 0 here, a pure
+    N + context_share · ((C + N)² − C²) tokens (`CostModel.work_of`). 0 here, a pure
     linear model; a gateway runs with `CALIBRATED_CONTEXT_SHARE` unless told otherwise."""
     cpu_load_fraction: float = 0.05
     """A CPU-tier block costs this share of a block's prefill to load back."""
