@@ -17,21 +17,21 @@ import contextlib
 import json
 import random
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 import uvicorn
 import zmq
 import zmq.asyncio
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
+from gateway.http1 import Http1Error, Http1Pool
 from simulator.block_hash import BLOCK_HASHES, int_hash, to_unsigned64
 from simulator.chat_template import ChatTemplate
 from simulator.tokenizer import SimTokenizer
@@ -133,41 +133,40 @@ class BaselineRouter(Protocol):
 
 
 def create_app(oracle: BaselineRouter) -> Starlette:
-    """The router as an OpenAI chat endpoint that streams the chosen engine's answer."""
-    client = httpx.AsyncClient(
-        timeout=httpx.Timeout(600.0, connect=5.0),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-    )
+    """The router as an OpenAI chat endpoint that streams the chosen engine's answer.
+
+    It relays through kvgate's own HTTP/1.1 pool (`gateway.http1`) with raw ASGI messages,
+    as the gateway does: a baseline must not lose a comparison to its own relay (behind
+    httpx's pool, whose cost grows with its connections, sticky-rr used 0.6 of a core and
+    answered 500s at 280 closed-loop users while the engines idled)."""
+    pool = Http1Pool(connect_timeout_s=5.0, read_timeout_s=600.0, max_idle_per_origin=1024)
     ready = asyncio.Event()
 
-    async def chat(request: Request) -> Response:
+    async def chat(scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
         raw = await request.body()
         body = json.loads(raw)
         engine = oracle.pick(body, request.headers)
         engine.inflight += 1
-        upstream = client.build_request(
-            "POST",
-            f"{engine.url}/v1/chat/completions",
-            content=raw,
-            headers={"content-type": "application/json"},
-        )
+        head = b"POST /v1/chat/completions HTTP/1.1\r\ncontent-type: application/json\r\n"
+        head += b"content-length: %d\r\n" % len(raw)
         try:
-            response = await client.send(upstream, stream=True)
-        except httpx.HTTPError:
+            exchange = await pool.send(engine.url, head, raw)
+        except Http1Error as exc:
             engine.inflight -= 1
-            raise
-
-        async def done() -> None:
+            await JSONResponse({"error": {"message": str(exc)}}, 502)(scope, receive, send)
+            return
+        headers = [(name, value) for name, value in exchange.headers if name == b"content-type"]
+        headers.append((b"x-kvgate-pod", engine.name.encode()))
+        try:
+            start = {"type": "http.response.start", "status": exchange.status, "headers": headers}
+            await send(start)
+            async for chunk in exchange.chunks():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            exchange.release()
             engine.inflight -= 1
-            await response.aclose()
-
-        return StreamingResponse(
-            response.aiter_raw(),
-            status_code=response.status_code,
-            media_type=response.headers.get("content-type"),
-            headers={"x-kvgate-pod": engine.name},
-            background=BackgroundTask(done),
-        )
 
     async def health(_: Request) -> Response:
         return Response(status_code=200 if ready.is_set() else 503)
@@ -186,14 +185,25 @@ def create_app(oracle: BaselineRouter) -> Starlette:
             background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await background
-            await client.aclose()
+            await pool.aclose()
 
     routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/chat/completions", _Asgi(chat), methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/router/state", state, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+class _Asgi:
+    """An ASGI callable as a route's endpoint (starlette wraps a plain function as a
+    request → response handler)."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
 
 
 def serve(router: BaselineRouter, port: int) -> int:

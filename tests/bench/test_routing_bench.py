@@ -21,6 +21,7 @@ import pytest
 import zmq.asyncio
 
 from bench.harness.fleet import EngineEndpoint
+from bench.harness.ports import free_port_block
 from bench.harness.streaming import RequestRecord
 from bench.routing import loadgen
 from bench.routing.fleet import capacity_rps, plan_fleet
@@ -341,6 +342,46 @@ async def test_sticky_rr_keeps_each_conversation_on_its_first_engine(
     assert all(len(pods_seen) == 1 for pods_seen in homes.values()), homes
     firsts = [next(iter(homes[c])) for c in ("a", "b", "c", "d")]
     assert firsts == ["s0", "s1", "s0", "s1"]  # first turns in turn
+
+
+async def test_baseline_routers_relay_streams_whole_and_refuse_with_502_when_an_engine_is_down(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    engine = await start_engine(name="up")
+    down_port = free_port_block(1, random.Random(7))  # nothing listens there
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"pods": [
+        {"name": "up", "url": engine.url, "events": engine.engine.publisher.events_endpoint},
+        {"name": "down", "url": f"http://127.0.0.1:{down_port}",
+         "events": engine.engine.publisher.events_endpoint},
+    ]}))  # fmt: skip
+    router = make_router("sticky-rr", pods, [], tmp_path, random.Random(0))
+    await router.start()
+    body = {"model": "sim-model", "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "hello there"}]}  # fmt: skip
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            await router.wait_ready(client)
+            url = f"{router.url}/v1/chat/completions"
+            # first turns in turn: 12 concurrent streams, half of them to the engine that is down
+            answers = await asyncio.gather(*(
+                client.post(url, json=body, headers={"x-session-id": f"c{i}"})
+                for i in range(12)
+            ))  # fmt: skip
+            direct = await client.post(f"{engine.url}/v1/chat/completions", json=body)
+    finally:
+        await router.stop()
+    by_pod: dict[str, list[httpx.Response]] = {}
+    for answer in answers:
+        by_pod.setdefault(answer.headers.get("x-kvgate-pod", "none"), []).append(answer)
+    assert len(by_pod["up"]) == 6 and all(a.status_code == 200 for a in by_pod["up"])
+    events = [line for line in direct.text.splitlines() if line.startswith("data: ")]
+    for answer in by_pod["up"]:  # every event of the stream, as the engine sends it
+        relayed = [line for line in answer.text.splitlines() if line.startswith("data: ")]
+        assert len(relayed) == len(events) and relayed[-1] == "data: [DONE]"
+    refused = by_pod["none"]
+    assert len(refused) == 6
+    assert all(a.status_code == 502 and "error" in a.json() for a in refused)
 
 
 def test_requests_go_to_the_replicas_in_turn_and_the_spec_round_trips() -> None:
