@@ -180,6 +180,7 @@ async def _start(
         cost=cost,
         pins=pin_lookup,
         max_prompt_tokens=settings.max_prompt_tokens,
+        log_predictions=settings.prediction_log,
     )
     metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None, cost)
     sync = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable
+from gateway.logs import ACCESS_FIELDS
 from gateway.metrics import GatewayMetrics
 from gateway.registry import PodRegistry, PodState
 from gateway.routing import (
@@ -30,6 +32,7 @@ from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
 Kind = Literal["chat", "completion"]
+prediction_logger = logging.getLogger("kvgate.predictions")
 _BODY_BYTES_PER_TOKEN = 4  # a prompt that was not tokenized is costed from its body's size
 
 
@@ -74,6 +77,7 @@ class Router:
         pins: PinLookup,
         clock: Callable[[], float] = time.perf_counter,
         max_prompt_tokens: int | None = None,
+        log_predictions: bool = False,
     ) -> None:
         self._registry = registry
         self._table = table
@@ -93,6 +97,9 @@ class Router:
         self._max_prompt_tokens = max_prompt_tokens
         self.sync: DecisionSink | None = None
         """Set when replicas share their decisions (`gateway/replicas.py`)."""
+        self._log_predictions = log_predictions
+        if log_predictions:  # whatever the gateway's log level (`KVGATE_PREDICTION_LOG`)
+            prediction_logger.setLevel(logging.INFO)
 
     def policy(self, name: str | None) -> RoutingProfile:
         if name is None:
@@ -244,6 +251,8 @@ class Router:
             return
         error = observed - ticket.prediction.ttft_s
         self._metrics.prediction_error.labels(state.name).observe(error)
+        if self._log_predictions:
+            log_prediction(ticket, observed)
         slo = routed.request.slo_ttft_s
         if slo is not None:
             self._metrics.slo.labels("observed_met" if observed <= slo else "observed_missed").inc()
@@ -361,3 +370,31 @@ def opens_conversation(body: Mapping[str, Any]) -> bool:
         isinstance(m, Mapping) and m.get("role") in ("assistant", "tool", "function")
         for m in messages
     )
+
+
+def log_prediction(ticket: Ticket, observed_s: float) -> None:
+    """One `kvgate.predictions` line: what the cost model predicted for this answer, term
+    by term, and what was observed. JSON lines carry every figure as a field."""
+    prediction = ticket.prediction
+    terms = prediction.terms()
+    fields: dict[str, Any] = {
+        "ticket": ticket.number,
+        "sent_s": round(ticket.started, 6),
+        "predicted_ms": round(prediction.ttft_s * 1e3, 3),
+        "observed_ms": round(observed_s * 1e3, 3),
+        "own_tokens": round(prediction.own_tokens, 1),
+        "queued_tokens": round(prediction.queued_tokens, 1),
+        "queued_requests": round(prediction.queued_requests, 2),
+        "decoding": round(prediction.decoding, 2),
+        "busy": prediction.busy,
+        "step_remaining_ms": round(prediction.step_remaining_s * 1e3, 3),
+        "in_step_tokens": round(prediction.in_step_tokens, 1),
+        "speed": round(prediction.speed, 4),
+        "terms_ms": {name: round(value * 1e3, 3) for name, value in terms.items()},
+    }
+    shares = " ".join(f"{name}={value * 1e3:.1f}" for name, value in terms.items())
+    prediction_logger.info(
+        "TTFT predicted %.1f ms, observed %.1f ms (terms, ms: %s)",
+        prediction.ttft_s * 1e3, observed_s * 1e3, shares,
+        extra={ACCESS_FIELDS: fields, "pod": ticket.pod},
+    )  # fmt: skip

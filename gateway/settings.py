@@ -544,6 +544,13 @@ class Settings:
         "one `kvgate.access` line per request (status, pod, policy, cached blocks, TTFT, "
         "duration)",
     )  # fmt: skip
+    prediction_log: bool = _setting(
+        False, "KVGATE_PREDICTION_LOG", _bool, _BOOL_HELP,
+        "one `kvgate.predictions` line per streamed answer the cost model learns from: pod, "
+        "predicted and observed TTFT, and each feature and term of the prediction (to tune "
+        "`KVGATE_COST_*` or see where a prediction error comes from; "
+        "[docs/routing.md](docs/routing.md))",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.routing_config is None and self.default_policy not in POLICIES:

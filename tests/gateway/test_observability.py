@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from gateway.logs import JsonFormatter, TextFormatter
+from gateway.routing.cost import FEATURES
 from gateway.request_id import new_request_id
 from gateway.version import VERSION, version
 from tests.conftest import StartEngine
@@ -259,6 +260,34 @@ async def test_the_access_log_can_be_turned_off(
     assert response.headers["x-request-id"] == "quiet"
     await asyncio.sleep(0.1)
     assert not [entry for entry in json_lines.json() if entry["logger"] == "kvgate.access"]
+
+
+async def test_the_prediction_log_shows_each_learned_answer_term_by_term(
+    start_gateway: StartGateway, json_lines: Lines
+) -> None:
+    stream = {**CHAT, "stream": True}
+    quiet = await start_gateway(engines=1)
+    async with quiet.client() as client:
+        await client.post("/v1/chat/completions", json=stream, headers={"x-request-id": "p-0"})
+    gw = await start_gateway(engines=1, prediction_log=True)
+    async with gw.client() as client:
+        for n in (1, 2):
+            response = await client.post(
+                "/v1/chat/completions", json=stream, headers={"x-request-id": f"p-{n}"}
+            )
+            assert response.status_code == 200
+    lines = await json_lines.wait_for(
+        lambda entry: entry["logger"] == "kvgate.predictions" and entry["request_id"] == "p-2"
+    )
+    (line,) = lines
+    assert line["pod"] == gw.engines[0].engine.config.name and line["level"] == "INFO"
+    assert line["observed_ms"] > 0 and line["predicted_ms"] > 0
+    assert set(line["terms_ms"]) == set(FEATURES)
+    assert sum(line["terms_ms"].values()) == pytest.approx(line["predicted_ms"], abs=0.01)
+    assert line["own_tokens"] > 0 and line["speed"] > 0
+    assert f"observed {line['observed_ms']:.1f} ms" in line["message"]
+    logged = {e["request_id"] for e in json_lines.json() if e["logger"] == "kvgate.predictions"}
+    assert logged == {"p-1", "p-2"}  # off by default: nothing from the first gateway
 
 
 def test_json_lines_are_one_object_each_even_with_newlines_and_tracebacks() -> None:
