@@ -32,6 +32,11 @@ _BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.routing.cli",
         "routing quality (TTFT, hit rate, throughput) per policy and workload",
     ),
+    "joiners": (
+        "bench.routing.joiners",
+        "a gateway's kvgate.predictions log split by engine step: prediction error of the "
+        "requests joined by later ones, the rest, and without the joiners' prefill",
+    ),
     "decision": (
         "bench.decision_bench",
         "CPU cost of one routing decision per policy with 64 pods, tokenization excluded",

@@ -150,6 +150,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--run", default=None, help="results folder name under bench/results/routing/")
     add("--out", type=Path, default=None, help="results folder (overrides --run)")
     add("--quiet", action="store_true", help="no per-run status lines on stderr")
+    add(
+        "--keep-records",
+        action="store_true",
+        help="keep each run's per-request records (logs/<workload>/load-*.records.json)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         out_dir=args.out or RESULTS_DIR / "routing" / run_name,
         quiet=args.quiet,
+        keep_records=args.keep_records,
         ramp_s=args.ramp,
         repeat=args.repeat,
     )

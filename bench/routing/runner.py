@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import random
 import sys
@@ -81,6 +82,9 @@ class RoutingOptions:
     """Rounds of the routers per workload and load, in alternating order: on a shared
     machine one run's figures move by 10 % or more, and the router running second on a
     fleet is not in the first one's conditions. The report uses each figure's median."""
+    keep_records: bool = False
+    """Keep each run's per-request records (`logs/<workload>/load-*.records.json`: sent,
+    pod, TTFT, kvgate's prediction...), for analysis beyond the report's figures."""
 
 
 RAMP_LOAD = 0.8
@@ -297,7 +301,8 @@ async def _run_one(
             else None
         )
         try:
-            records = await _load(spec, logs / f"load-{router_name}{suffix}-{load}")
+            stem = logs / f"load-{router_name}{suffix}-{load}"
+            records = await _load(spec, stem, keep=options.keep_records)
         finally:
             if killer is not None:
                 if not killer.done():  # the run ended before a third was answered
@@ -343,8 +348,8 @@ async def _run_one(
     return result, ttfts, pairs
 
 
-async def _load(spec: LoadSpec, stem: Path) -> list[RequestRecord]:
-    """The load generator in its own process; its records."""
+async def _load(spec: LoadSpec, stem: Path, *, keep: bool = False) -> list[RequestRecord]:
+    """The load generator in its own process; its records (`keep`: their file stays)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = stem.with_suffix(".spec.json"), stem.with_suffix(".records.json")
     spec_path.write_text(json.dumps(spec.to_json()))
@@ -356,7 +361,15 @@ async def _load(spec: LoadSpec, stem: Path) -> list[RequestRecord]:
     if code != 0:
         raise RuntimeError(f"load generator failed ({code}): see {stem.with_suffix('.log')}")
     records = [RequestRecord(**r) for r in json.loads(out_path.read_text())]
-    out_path.unlink()
+    if keep:  # one file per run: a later round of the same router gets the next number
+        kept = next(
+            path
+            for n in itertools.count(1)
+            if not (path := stem.with_name(f"{stem.name}.{n}.records.json")).exists()
+        )
+        out_path.rename(kept)
+    else:
+        out_path.unlink()
     return records
 
 
