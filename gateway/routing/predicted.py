@@ -96,6 +96,9 @@ class MinPredictedTtftPicker:
     (`placement_key`: requests lately, or conversations placed lately): the instantaneous
     queue misses conversations between their turns. Without
     this, every new conversation follows its system prompt to one pod and stays there.
+    With `placement_load_tolerance`, loads within that share of the least count as equal,
+    and among those the pods that hold the shared prefix go first: a balance not needed
+    is not bought with a cold prefill of the system prompt.
     A first turn whose whole prompt a pod already holds (a retry, a regenerated answer) is
     no placement.
 
@@ -121,6 +124,7 @@ class MinPredictedTtftPicker:
         probe_rate: float = 0.02,
         placement_tolerance: float = 0.25,
         placement_key: str = "load",
+        placement_load_tolerance: float = 0.0,
         shed: bool = False,
     ) -> None:
         self._cost = cost
@@ -134,6 +138,7 @@ class MinPredictedTtftPicker:
         self.probe_rate = probe_rate
         self.placement_tolerance = placement_tolerance
         self.placement_key = placement_key
+        self.placement_load_tolerance = placement_load_tolerance
         self.shed = shed
 
     def rank(
@@ -233,7 +238,18 @@ class MinPredictedTtftPicker:
                 )
                 head = order[:ties]
                 self._rng.shuffle(head)  # equals in load and match: none favoured by place
-                head.sort(key=lambda i: (round(load(names[i]), 1), -cached[i]))
+                loads = {i: load(names[i]) for i in head}
+                if self.placement_load_tolerance > 0.0:
+                    # Loads within the tolerance of the least (or within one request of it,
+                    # while the pods are nearly idle) are equal: among those, the pods that
+                    # hold the shared prefix (as much of the prompt as any, within a tenth)
+                    # go first, the least loaded of them first. A block more or less of a
+                    # prefix every pod holds is no reason to load one pod more.
+                    bar = min(loads.values()) * (1.0 + self.placement_load_tolerance) + 1.0
+                    holds = 0.9 * max(cached[i] for i in head)
+                    head.sort(key=lambda i: (loads[i] > bar, cached[i] < holds, loads[i]))
+                else:
+                    head.sort(key=lambda i: (round(loads[i], 1), -cached[i]))
                 order[:ties] = head
             else:
                 # Near-equal predictions: keep the cache warm where it already is; among pods

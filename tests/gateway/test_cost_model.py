@@ -712,6 +712,48 @@ def test_a_prompt_costs_its_attention_over_the_context_before_it() -> None:
     assert order == [1, 0]
 
 
+def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
+    """`placement_load_tolerance`: among the placement's near-ties, pods whose load is
+    within the tolerance of the least (or one request of it) count as equally loaded, and
+    the one holding the conversation's system prompt goes first (no cold prefill for a
+    balance not needed); a holder loaded beyond it is passed over, as without it."""
+    clock = Clock()
+    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
+    names = ("holder", "other")
+    for name in names:
+        table.register_pod(name, MODEL, publishes_events=False)
+    system = list(range(1, 1 + 64 * BLOCK))
+    table.add_prefix("holder", ModelContext(MODEL), table.prefix_hashes(system))
+    cost = _trained_fleet(clock, dict.fromkeys(names, 1.0))
+    clock.now += 600.0  # the training traffic has decayed away
+    pods = [pod(name) for name in names]
+    opening = system + [10_000] * 3 * BLOCK
+    hashes = table.prefix_hashes(opening)
+    match = table.match(ModelContext(MODEL), hashes, list(names))
+    first_turn = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
+                                prompt_tokens=len(opening), opens_conversation=True)  # fmt: skip
+
+    def load(name: str, requests: int) -> None:
+        for _ in range(requests):
+            cost.finish(cost.start(cost.predict(name, 100, 0.0), streamed=True))
+
+    def placed(tolerance: float) -> str:
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0),
+                                        placement_load_tolerance=tolerance)  # fmt: skip
+        return picker.rank(first_turn, pods, {})[0].name
+
+    load("holder", 1)  # a pod with one request lately is loaded like an idle one
+    assert placed(0.0) == "other" and placed(0.25) == "holder"
+    clock.now += 600.0
+    load("holder", 11)
+    load("other", 10)  # the holder carries 10 % more
+    assert cost.load("holder") > cost.load("other")
+    assert placed(0.0) == "other"  # the least loaded, cold or not
+    assert placed(0.25) == "holder"  # loaded alike: where its system prompt is
+    load("holder", 4)  # now 50 % more
+    assert placed(0.25) == "other"
+
+
 def test_placement_by_conversations_counts_first_turns_not_requests() -> None:
     """`placement_key = "conversations"`: a pod carrying one busy conversation is less
     loaded than one carrying three quiet ones (the request-rate key says the opposite)."""
