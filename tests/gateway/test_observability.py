@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from gateway.logs import JsonFormatter, TextFormatter
-from gateway.routing.cost import FEATURES
 from gateway.request_id import new_request_id
+from gateway.routing.cost import FEATURES
 from gateway.version import VERSION, version
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
