@@ -72,8 +72,11 @@ def test_bench_overhead_writes_every_figure(tmp_path: Path) -> None:
     assert not [name for name, pid in pids.items() if _running(pid)]
     kvgate = figures["routers"]["kvgate"]
     assert kvgate["cpu_us_per_request_c1"] > 0
-    for key in ("c1", "c1_tokenized_distinct"):  # the CPU run of the gateway's own requests
-        assert figures["cases"][key]["gateway_cpu_us_per_request_interleaved"] > 0, key
+    for key in ("c1", "c1_tokenized_distinct"):
+        case = figures["cases"][key]
+        assert case["gateway_cpu_us_per_request"] > 0, key  # its own run: 500 requests at least
+        # 30 alternating requests are a few 10 ms CPU ticks: present, but may round to 0.
+        assert case["gateway_cpu_us_per_request_interleaved"] >= 0, key
     assert kvgate["stream_chunks"] == 2 * 2 * 8  # 2 x --streams per round, 8 tokens each
     assert {row["ok"] for row in figures["targets"]} <= {True, False, None}
     assert "added inter-chunk delay p99" in result.stdout
