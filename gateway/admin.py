@@ -23,6 +23,7 @@ from gateway.router import Kind
 from gateway.routing import Prediction
 from gateway.routing.cost import FEATURES
 from gateway.routing.predicted import cached_tokens
+from gateway.routing.tpot import TpotPrediction
 from gateway.state import GatewayState, state_of
 from indexer import EngineHash, Tier, encode_snapshot
 
@@ -136,11 +137,13 @@ async def match(request: Request) -> Response:
     serving = gateway.registry.serving(body["model"])
     names = [state.name for state in serving]
     block_size = gateway.table.config.block_size
-    held = dict(zip(names, cached_tokens(gateway.router.cost, block_size, result, names),
+    cost = gateway.router.cost
+    held = dict(zip(names, cached_tokens(cost, block_size, result, names),
                     strict=True))  # fmt: skip
     for state in serving:
         counts = result.tier_counts(state.name) if result is not None else {}
         prediction = predictions.get(state.name)
+        tpot = None if prediction is None else cost.predict_tpot(prediction)
         pods_view[state.name] = {
             "matched_blocks": routed.matched_blocks(state.name),
             "tiers": {tier.name: n for tier, n in counts.items() if n},
@@ -153,6 +156,9 @@ async def match(request: Request) -> Response:
             "prediction": None
             if prediction is None
             else _prediction_view(prediction, routed.request.prompt_tokens - held[state.name]),
+            # as if it were streamed: the time per output token after the first
+            "predicted_tpot_ms": None if tpot is None else tpot.tpot_s * 1e3,
+            "tpot_prediction": None if tpot is None else _tpot_view(tpot),
         }
     return JSONResponse(
         {
@@ -185,6 +191,16 @@ def _prediction_view(prediction: Prediction, uncached_tokens: float) -> dict[str
         "delay_to_queued_ms": prediction.delay_to_queued_s() * 1e3,
         "coefficients": dict(zip(FEATURES, prediction.pod_coefficients(), strict=True)),
         "terms_ms": {name: value * 1e3 for name, value in prediction.terms().items()},
+    }
+
+
+def _tpot_view(tpot: TpotPrediction) -> dict[str, Any]:
+    """The TPOT model's terms for one pod."""
+    return {
+        "decoding_sequences": tpot.sequences,
+        "prefill_tokens_per_s": tpot.prefill_rate,
+        "decode_speed": tpot.speed,
+        "terms_ms": {name: value * 1e3 for name, value in tpot.terms().items()},
     }
 
 

@@ -39,10 +39,11 @@ from subscriber import Phase
 
 POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
+SLO_TPOT_HEADER = "x-slo-tpot-ms"
 _POLICY_HEADERS = tuple(name.encode("latin-1") for name in POLICY_HEADERS)
 _PIN_HEADER = PIN_HEADER.encode("latin-1")
 _PIN_TOKEN_HEADER = PIN_TOKEN_HEADER.encode("latin-1")
-_SLO_TTFT_HEADER = SLO_TTFT_HEADER.encode("latin-1")
+_SLO_HEADERS = {name: name.encode("latin-1") for name in (SLO_TTFT_HEADER, SLO_TPOT_HEADER)}
 
 
 async def read_json(
@@ -176,7 +177,7 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     session = _header(headers, settings.session_header.encode("latin-1"))
     routed = await gateway.router.route(
         kind, body, profile, session=session, slo_ttft_s=slo_ttft(request, headers),
-        body_bytes=len(raw),
+        slo_tpot_s=slo_tpot(request, headers), body_bytes=len(raw),
     )  # fmt: skip
     pin_turn = session_pin_hook(gateway, _header(headers, _PIN_HEADER),
                                 _header(headers, _PIN_TOKEN_HEADER), kind, body, routed,
@@ -206,14 +207,16 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         model_metrics.model_ttft.labels(model).observe(time.perf_counter() - arrived)
 
     def on_done() -> None:
-        router.finish(routed)
         model_metrics.model_duration.labels(model).observe(time.perf_counter() - arrived)
-        if 200 <= served_status < 300:
-            known = routed.request.prompt_tokens if routed.request.prompt_tokenized else None
-            usage = meter.usage(known)
-            if usage.prompt_tokens is not None:
-                model_metrics.prompt_tokens.labels(model, usage.source).inc(usage.prompt_tokens)
-            model_metrics.completion_tokens.labels(model, usage.source).inc(usage.completion_tokens)
+        if not 200 <= served_status < 300:
+            router.finish(routed)
+            return
+        known = routed.request.prompt_tokens if routed.request.prompt_tokenized else None
+        usage = meter.usage(known)
+        router.finish(routed, usage.completion_tokens)
+        if usage.prompt_tokens is not None:
+            model_metrics.prompt_tokens.labels(model, usage.source).inc(usage.prompt_tokens)
+        model_metrics.completion_tokens.labels(model, usage.source).inc(usage.completion_tokens)
 
     def on_served(state: PodState, status: int) -> None:
         nonlocal served_status
@@ -240,7 +243,16 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
 
 def slo_ttft(request: Request, headers: Mapping[bytes, bytes] | None = None) -> float | None:
     """The client's TTFT objective in seconds (`x-slo-ttft-ms`), or None."""
-    raw = _header(first_values(request) if headers is None else headers, _SLO_TTFT_HEADER)
+    return _objective(request, headers, SLO_TTFT_HEADER)
+
+
+def slo_tpot(request: Request, headers: Mapping[bytes, bytes] | None = None) -> float | None:
+    """The client's time-per-output-token objective in seconds (`x-slo-tpot-ms`), or None."""
+    return _objective(request, headers, SLO_TPOT_HEADER)
+
+
+def _objective(request: Request, headers: Mapping[bytes, bytes] | None, name: str) -> float | None:
+    raw = _header(first_values(request) if headers is None else headers, _SLO_HEADERS[name])
     if raw is None:
         return None
     try:
@@ -248,9 +260,7 @@ def slo_ttft(request: Request, headers: Mapping[bytes, bytes] | None = None) -> 
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise BadRequest(
-            f"{SLO_TTFT_HEADER} must be a positive number of milliseconds", param=SLO_TTFT_HEADER
-        )
+        raise BadRequest(f"{name} must be a positive number of milliseconds", param=name)
     return value / 1e3
 
 
@@ -263,6 +273,8 @@ def _decision_headers(routed: Routed, state: PodState) -> dict[str, str]:
     ticket = routed.ticket
     if ticket is not None and ticket.pod == state.name:
         headers["x-kvgate-predicted-ttft-ms"] = f"{ticket.prediction.ttft_s * 1e3:.2f}"
+        if ticket.tpot is not None:
+            headers["x-kvgate-predicted-tpot-ms"] = f"{ticket.tpot.tpot_s * 1e3:.2f}"
     return headers
 
 

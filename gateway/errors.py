@@ -8,7 +8,8 @@ GatewayError
 ├── RequestTimeout (408)        the client did not send its body in time
 ├── RetryLater                  carries Retry-After
 │   ├── TooManyRequests (429)   over KVGATE_MAX_CONCURRENT_REQUESTS
-│   │   └── SloUnreachable (429)  no pod predicted to meet x-slo-ttft-ms (KVGATE_SLO_SHED)
+│   │   └── SloUnreachable (429)  no pod predicted to meet x-slo-ttft-ms / x-slo-tpot-ms
+│   │                             (KVGATE_SLO_SHED)
 │   └── NoRoutablePod (503)     every candidate filtered out
 ├── Unauthorized (401)          admin API without the right token
 ├── Forbidden (403)
@@ -113,8 +114,8 @@ class TooManyRequests(RetryLater):
 
 
 class SloUnreachable(TooManyRequests):
-    """No pod is predicted to meet the request's TTFT objective and shedding is on
-    (`KVGATE_SLO_SHED`)."""
+    """No pod is predicted to meet the request's TTFT and TPOT objectives and shedding is
+    on (`KVGATE_SLO_SHED`)."""
 
     code = "slo_unreachable"
 

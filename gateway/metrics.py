@@ -39,6 +39,10 @@ _ERROR_BUCKETS = (
     -5.0, -2.5, -1.0, -0.5, -0.25, -0.1, -0.05, -0.025, -0.01, 0.0,
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 )  # fmt: skip
+_TPOT_ERROR_BUCKETS = (
+    -0.1, -0.05, -0.025, -0.01, -0.005, -0.0025, -0.001, 0.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+)  # fmt: skip
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -146,6 +150,23 @@ class GatewayMetrics:
                 "kvgate_slo_ttft",
                 "Requests with a TTFT objective (x-slo-ttft-ms), by outcome: predicted_met, "
                 "predicted_missed (at decision), observed_met, observed_missed (first byte), shed",
+                ["outcome"],
+                registry=registry,
+            )
+        )
+        self.tpot_prediction_error = LabelledHistogram(
+            "kvgate_tpot_prediction_error_seconds",
+            "Observed minus predicted time per output token of streamed answers, by pod",
+            ["pod"],
+            buckets=_TPOT_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.slo_tpot = Children(
+            Counter(
+                "kvgate_slo_tpot",
+                "Streamed requests with a time-per-output-token objective (x-slo-tpot-ms), by "
+                "outcome: predicted_met, predicted_missed (at decision), observed_met, "
+                "observed_missed (at the answer's end), shed",
                 ["outcome"],
                 registry=registry,
             )

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api import read_json, requested_policy, slo_ttft
+from gateway.api import read_json, requested_policy, slo_tpot, slo_ttft
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod
 from gateway.proxy import ClientWatch, ProxyRequest
 from gateway.registry import PodState
@@ -99,7 +99,8 @@ async def relay(request: Request) -> Response:
     if chat is not None:
         router = gateway.router
         routed = await router.route("chat", chat, profile, session=session,
-                                    slo_ttft_s=slo_ttft(request), body_bytes=len(raw))  # fmt: skip
+                                    slo_ttft_s=slo_ttft(request), slo_tpot_s=slo_tpot(request),
+                                    body_bytes=len(raw))  # fmt: skip
         return await _forward(request, gateway, raw, model, profile, routed)
     ranking = _rank(gateway, model, profile, session, len(raw), bool(body.get("stream")))
     return await _forward(request, gateway, raw, model, profile, ranking)

@@ -122,6 +122,7 @@ class Router:
         *,
         session: str | None = None,
         slo_ttft_s: float | None = None,
+        slo_tpot_s: float | None = None,
         body_bytes: int = 0,
         dry_run: bool = False,
     ) -> Routed:
@@ -135,7 +136,7 @@ class Router:
             raise ModelNotFound(f"The model `{body['model']}` does not exist.", param="model")
         request = await self._routing_request(
             kind, body, serving, tokenize=profile.uses_prefix or dry_run, session=session,
-            slo_ttft_s=slo_ttft_s, body_bytes=body_bytes,
+            slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, body_bytes=body_bytes,
         )  # fmt: skip
         routed = self._decide(request, profile, serving, started)
         if dry_run:
@@ -155,6 +156,7 @@ class Router:
         tokenize: bool,
         session: str | None,
         slo_ttft_s: float | None,
+        slo_tpot_s: float | None,
         body_bytes: int,
     ) -> RoutingRequest:
         """What the decision looks at: the prompt's blocks and where each is cached."""
@@ -185,6 +187,7 @@ class Router:
             prompt_tokenized=tokens is not None,
             prefix_hashes=hashes,
             slo_ttft_s=slo_ttft_s,
+            slo_tpot_s=slo_tpot_s,
             streamed=bool(body.get("stream")),
             opens_conversation=kind == "chat" and opens_conversation(body),
             candidates=serving,
@@ -204,7 +207,10 @@ class Router:
         try:
             decision = profile.decide(request, serving)
         except SloUnreachable:
-            self._metrics.slo.labels("shed").inc()
+            if request.slo_ttft_s is not None:
+                self._metrics.slo.labels("shed").inc()
+            if request.slo_tpot_s is not None:
+                self._metrics.slo_tpot.labels("shed").inc()
             raise
         finished = self._clock()
         self._stages["decide"].observe(finished - decide_started)
@@ -234,10 +240,15 @@ class Router:
             # turn then costs them a few blocks, not its whole history.
             held = routed.matched_blocks(state.name)
             self.sync.decided(ticket, routed.request.context, routed.prefix_hashes[held:])
-        slo = routed.request.slo_ttft_s
+        request = routed.request
+        slo = request.slo_ttft_s
         if slo is not None:
             met = prediction.ttft_s <= slo
             self._metrics.slo.labels("predicted_met" if met else "predicted_missed").inc()
+        slo = request.slo_tpot_s
+        if slo is not None and ticket.tpot is not None:  # an answer not streamed has no TPOT
+            met = ticket.tpot.tpot_s <= slo
+            self._metrics.slo_tpot.labels("predicted_met" if met else "predicted_missed").inc()
 
     def first_byte(self, routed: Routed, state: PodState) -> None:
         """The chosen pod's first body byte came back: learn from the observed TTFT."""
@@ -257,10 +268,22 @@ class Router:
         if slo is not None:
             self._metrics.slo.labels("observed_met" if observed <= slo else "observed_missed").inc()
 
-    def finish(self, routed: Routed) -> None:
-        """The exchange is over, however it ended."""
-        if routed.ticket is not None:
-            self._finish_ticket(routed.ticket)
+    def finish(self, routed: Routed, completion_tokens: int | None = None) -> None:
+        """The exchange is over, however it ended (`completion_tokens`: it ended whole,
+        with that many; a stream then teaches the TPOT model)."""
+        ticket = routed.ticket
+        if ticket is None:
+            return
+        if completion_tokens is not None and ticket.phase == "decode":
+            observed = self.cost.stream_ended(ticket, completion_tokens)
+            if observed is not None and ticket.tpot is not None:
+                error = observed - ticket.tpot.tpot_s
+                self._metrics.tpot_prediction_error.labels(ticket.pod).observe(error)
+                slo = routed.request.slo_tpot_s
+                if slo is not None:
+                    outcome = "observed_met" if observed <= slo else "observed_missed"
+                    self._metrics.slo_tpot.labels(outcome).inc()
+        self._finish_ticket(ticket)
 
     def _finish_ticket(self, ticket: Ticket) -> None:
         if ticket.phase == "done":

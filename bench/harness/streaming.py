@@ -138,6 +138,8 @@ class RequestRecord:
     completion_tokens: int = 0
     predicted_ttft_s: float | None = None
     """kvgate's prediction for the pod that served (`x-kvgate-predicted-ttft-ms`), if any."""
+    predicted_tpot_s: float | None = None
+    """kvgate's predicted time per output token there (`x-kvgate-predicted-tpot-ms`)."""
     router_url: str = ""
     """Which router (gateway replica) the request was sent to, when there are several."""
 
@@ -176,6 +178,7 @@ class RequestRecord:
             cached_tokens=answer.cached_tokens,
             completion_tokens=answer.usage_int("completion_tokens"),
             predicted_ttft_s=_seconds(answer.headers.get("x-kvgate-predicted-ttft-ms")),
+            predicted_tpot_s=_seconds(answer.headers.get("x-kvgate-predicted-tpot-ms")),
             router_url=router_url,
         )
 

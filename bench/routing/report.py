@@ -136,13 +136,23 @@ def check_targets(results: Sequence[RunResult]) -> list[str]:
 def prediction_lines(results: Sequence[RunResult]) -> list[str]:
     """Each predicting router's accuracy: observed (client) vs predicted TTFT."""
     return [
-        f"  {r.label}: {int(r.prediction['n'])} requests, |observed − predicted| p50 "
-        f"{r.prediction['abs_err_ms_p50']:,.0f} ms ({r.prediction['rel_err_p50']:.0%}), p90 "
-        f"{r.prediction['abs_err_ms_p90']:,.0f} ms ({r.prediction['rel_err_p90']:.0%}), "
-        f"bias p50 {r.prediction['bias_ms_p50']:+,.0f} ms"
+        f"  {r.label}: {int(r.prediction['n'])} requests, |observed − predicted| "
+        f"{_errors_text(r.prediction, '')}"
+        + (f"; TPOT {_errors_text(r.prediction, 'tpot_')}" if "tpot_n" in r.prediction else "")
         for r in results
         if r.prediction
     ]
+
+
+def _errors_text(figures: dict[str, float], prefix: str) -> str:
+    decimals = 1 if prefix else 0  # a TPOT is tens of ms: its errors need a decimal
+    return (
+        f"p50 {figures[prefix + 'abs_err_ms_p50']:,.{decimals}f} ms "
+        f"({figures[prefix + 'rel_err_p50']:.0%}), p90 "
+        f"{figures[prefix + 'abs_err_ms_p90']:,.{decimals}f} ms "
+        f"({figures[prefix + 'rel_err_p90']:.0%}), bias p50 "
+        f"{figures[prefix + 'bias_ms_p50']:+,.{decimals}f} ms"
+    )
 
 
 def _mark(ok: bool, what: str, figure: str) -> str:

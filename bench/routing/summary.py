@@ -157,11 +157,27 @@ def _prediction(ok: Sequence[RequestRecord], scale_ms: float) -> dict[str, float
     ]
     if not pairs:
         return {}
+    figures = _errors(pairs, scale_ms)
+    figures["n"] = float(len(pairs))
+    # time per output token: the client's mean gap between text chunks against kvgate's
+    # prediction for the pod (`x-kvgate-predicted-tpot-ms`)
+    tpots = [
+        (r.itl_s, r.predicted_tpot_s)
+        for r in ok
+        if r.predicted_tpot_s is not None and r.itl_s is not None and r.itl_s > 0
+    ]
+    if tpots:
+        figures |= {f"tpot_{key}": value for key, value in _errors(tpots, scale_ms).items()}
+        figures["tpot_n"] = float(len(tpots))
+    return figures
+
+
+def _errors(pairs: Sequence[tuple[float, float]], scale_ms: float) -> dict[str, float]:
+    """|observed − predicted| (model ms and relative to the observed) and the bias."""
     absolute = [abs(observed - predicted) for observed, predicted in pairs]
     relative = [abs(observed - predicted) / observed for observed, predicted in pairs]
     bias = [observed - predicted for observed, predicted in pairs]
     return {
-        "n": float(len(pairs)),
         "abs_err_ms_p50": percentile(absolute, 50) * scale_ms,
         "abs_err_ms_p90": percentile(absolute, 90) * scale_ms,
         "rel_err_p50": percentile(relative, 50),

@@ -52,6 +52,7 @@ from typing import Any, NamedTuple, Protocol
 from gateway.routing.kernels import SEQ_UNIT as _SEQ_UNIT
 from gateway.routing.kernels import TOKEN_UNIT as _TOKEN_UNIT
 from gateway.routing.kernels import Kernels, arrivals, delays
+from gateway.routing.tpot import TpotModel, TpotPrediction
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
 
 __all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
@@ -274,6 +275,10 @@ class Ticket:
     """Another replica's request, known from its decision: load only, nothing to learn."""
     step: int = 0
     """Its pod's `steps` when it was sent: it is in every step begun after."""
+    tpot: TpotPrediction | None = None
+    """Its predicted time per output token there, when it is streamed."""
+    answered_at: float = math.nan
+    """When its streamed first byte came back."""
 
 
 class CostModel:
@@ -295,6 +300,8 @@ class CostModel:
         self._clock = clock or time.perf_counter
         self._pods: dict[str, _PodWork] = {}
         self.fleet = TtftModel(self.params)
+        self.tpot = TpotModel(self.params)
+        """Time per output token: the fleet's shape and each pod's decode speed."""
         self._log_speeds = 0.0
         """Sum of the answered pods' log-speeds (their mean is a new pod's speed)."""
         self._answered = 0
@@ -331,6 +338,26 @@ class CostModel:
         `now`: the decision's time, when it predicts many pods at once."""
         candidate = (pod, cached_tokens, scraped_at, running, waiting)
         return self.predict_many([candidate], prompt_tokens, now=now)[0]
+
+    def predict_tpot(self, prediction: Prediction) -> TpotPrediction:
+        """The predicted time per output token of the request `prediction` is for: it will
+        decode with the sequences decoding there now and those ahead of it in prefill."""
+        pod = prediction.pod
+        work = self._pods.get(pod)
+        rate = 0.0 if work is None else self.arrival_rate(pod) * work.mean_tokens
+        sequences = prediction.decoding + prediction.queued_requests + 1.0
+        return self.tpot.predict(pod, sequences, rate)
+
+    def stream_ended(self, ticket: Ticket, completion_tokens: int) -> float | None:
+        """A streamed answer ended whole with `completion_tokens`: learn its observed time
+        per output token (after the first), and return it (None when there is none: not
+        streamed, no first byte, fewer than two tokens)."""
+        prediction = ticket.tpot
+        if prediction is None or completion_tokens < 2 or math.isnan(ticket.answered_at):
+            return None
+        observed = (self._clock() - ticket.answered_at) / (completion_tokens - 1)
+        self.tpot.learn(prediction, observed)  # its features do not depend on the prompt
+        return observed
 
     def work_of(self, cached: Sequence[float], prompt_tokens: float) -> tuple[list[float], float]:
         """The candidates' cached tokens and the prompt in prefill work, T + share · T²
@@ -684,8 +711,10 @@ class CostModel:
         work = self._work(prediction.pod)
         now = self._clock()
         self._tickets += 1
+        # as a decision predicted it, before this request counts in the pod's traffic
+        tpot = self.predict_tpot(prediction) if streamed else None
         ticket = Ticket(prediction.pod, prediction, now, streamed, learn, number=self._tickets,
-                        step=work.steps)  # fmt: skip
+                        step=work.steps, tpot=tpot)  # fmt: skip
         idle = not work.prefilling and not work.decoding
         work.activity = self._decayed_activity(work, now) + 1.0
         work.activity_at = now
@@ -739,6 +768,7 @@ class CostModel:
         observed = now - ticket.started
         if ticket.remote:
             return None
+        ticket.answered_at = now
         if work is not None:
             work.answered_at = now
         if ticket.learn and observed > 0.0:
@@ -777,6 +807,7 @@ class CostModel:
         keep = set(live)
         for name in [name for name in self._pods if name not in keep]:
             self._drop(name)
+        self.tpot.forget(keep)
 
     def stale(self, pod: str) -> bool:
         """Idle and without an answer for a while: the picker may have stopped choosing it

@@ -102,9 +102,10 @@ class MinPredictedTtftPicker:
     A first turn whose whole prompt a pod already holds (a retry, a regenerated answer) is
     no placement.
 
-    With an SLO (`x-slo-ttft-ms`): the pods predicted to meet it come first, best cache
-    affinity first (keeping the cache warm costs nothing the client asked for); if none
-    can, the lowest predicted TTFT — or, with `shed`, a 429 + Retry-After.
+    With objectives (`x-slo-ttft-ms`, and `x-slo-tpot-ms` for a stream): the pods
+    predicted to meet all of them come first, best cache affinity first (keeping the cache
+    warm costs nothing the client asked for); if none can, the ranking without them — or,
+    with `shed`, a 429 + Retry-After.
     """
 
     name = "min-predicted-ttft"
@@ -155,11 +156,14 @@ class MinPredictedTtftPicker:
         )
         cached = cached_tokens(self._cost, self._block_size, match, names)
         slo = request.slo_ttft_s
+        slo_tpot = request.slo_tpot_s if request.streamed else None
         # A first turn whose whole prompt some pod already holds is a repeat (a retry, a
         # regenerated answer), not a new conversation: it goes where it is cached.
         repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
-        if slo is None and not placing and not self.prefill_weight and not self.affinity_tolerance:
+        objectives = slo is not None or slo_tpot is not None
+        plain = not placing and not self.prefill_weight and not self.affinity_tolerance
+        if plain and not objectives:
             # Only the TTFT (and the delays to others) counts: ranked and its near-ties
             # ordered in one compiled pass.
             order, _, equal = self._cost.rank_order(
@@ -173,20 +177,20 @@ class MinPredictedTtftPicker:
                 order.insert(0, order.pop(self._rng.randrange(equal)))
             return list(map(pods.__getitem__, order))
         ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens, names)
-        if slo is not None:
-            meeting = [i for i, ttft in enumerate(ttfts) if ttft <= slo]
+        if objectives:
+            meets = [True] * len(pods) if slo is None else [ttft <= slo for ttft in ttfts]
+            tpots: list[float] = []
+            if slo_tpot is not None:
+                tpots = self._tpots(request, pods)
+                meets = [met and tpot <= slo_tpot for met, tpot in zip(meets, tpots, strict=True)]
+            meeting = [i for i, met in enumerate(meets) if met]
             if meeting:
                 meeting.sort(key=lambda i: (-cached[i], ttfts[i]))
-                rest = [i for i, ttft in enumerate(ttfts) if ttft > slo]
+                rest = [i for i, met in enumerate(meets) if not met]
                 rest.sort(key=ttfts.__getitem__)
                 return [pods[i] for i in meeting + rest]
             if self.shed:
-                best = min(ttfts)
-                raise SloUnreachable(
-                    f"no pod is predicted to answer within the {slo * 1e3:.0f} ms TTFT "
-                    f"objective (best: {best * 1e3:.0f} ms)",
-                    retry_after_s=max(1, round(best - slo + 0.5)),
-                )
+                raise self._unreachable(slo, ttfts, slo_tpot, tpots)
         if placing:
             # As if every pod held as much as the best (the shared prefix): each pod's own
             # prefill scaled down to the least any pod has to do.
@@ -258,6 +262,30 @@ class MinPredictedTtftPicker:
                 if equal > 1:
                     order.insert(0, order.pop(self._rng.randrange(equal)))
         return [pods[i] for i in order]
+
+    def _tpots(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[float]:
+        """Each pod's predicted time per output token for this request."""
+        predictions = predict_all(self._cost, self._block_size, request, pods)
+        predict = self._cost.predict_tpot
+        return [predict(predictions[pod.pod.name]).tpot_s for pod in pods]
+
+    @staticmethod
+    def _unreachable(
+        slo: float | None, ttfts: list[float], slo_tpot: float | None, tpots: list[float]
+    ) -> SloUnreachable:
+        """The 429 of a request no pod is predicted to serve within its objectives."""
+        best = [f"TTFT {min(ttfts) * 1e3:.0f} ms"] if slo is not None else []
+        if slo_tpot is not None:
+            best.append(f"TPOT {min(tpots) * 1e3:.1f} ms")
+        wanted = [f"TTFT {slo * 1e3:.0f} ms"] if slo is not None else []
+        if slo_tpot is not None:
+            wanted.append(f"TPOT {slo_tpot * 1e3:.1f} ms")
+        late = min(ttfts) - slo if slo is not None else 0.0
+        return SloUnreachable(
+            f"no pod is predicted to answer within the objectives ({', '.join(wanted)}; "
+            f"best predicted: {', '.join(best)})",
+            retry_after_s=max(1, round(late + 0.5)),
+        )
 
     def _probed(self, order: list[int], names: Sequence[str]) -> int | None:
         """Now and then (`probe_rate`) a stale pod goes first, taken out of `order`: a pod

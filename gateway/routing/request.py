@@ -28,6 +28,8 @@ class RoutingRequest:
     prefix_hashes: Sequence[int] = ()
     slo_ttft_s: float | None = None
     """The client's time-to-first-token objective (`x-slo-ttft-ms`), if any."""
+    slo_tpot_s: float | None = None
+    """The client's time-per-output-token objective (`x-slo-tpot-ms`), if any."""
     streamed: bool = True
     opens_conversation: bool = False
     """A chat's first turn (no assistant or tool message yet): where it goes, its later

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from gateway.routing import FEATURES
+from gateway.routing.tpot import TPOT_FEATURES
 from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE
 from simulator import LatencyModel
 from tests.conftest import StartEngine
@@ -112,6 +113,48 @@ async def test_ttft_objectives_are_counted_and_shed_when_asked(
     assert metric(page, "kvgate_slo_ttft_total", outcome="predicted_missed") == 0
 
 
+async def test_tpot_objectives_are_predicted_learned_counted_and_shed_when_asked(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(engines=2, slo_shed=True)
+    objective = "x-slo-tpot-ms"
+    async with gw.client() as client:
+        bad = await client.post(
+            "/v1/chat/completions", json=stream_body("hi"), headers={objective: "-1"}
+        )
+        assert bad.status_code == 400
+        assert bad.json()["error"]["param"] == objective
+        body = stream_body("tell me a long story", max_tokens=8)
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers={objective: "60000"}
+        ) as met:
+            await met.aread()
+        assert met.status_code == 200
+        assert float(met.headers["x-kvgate-predicted-tpot-ms"]) > 0
+        shed = await client.post(
+            "/v1/chat/completions", json=stream_body("hi"), headers={objective: "0.001"}
+        )
+        assert shed.status_code == 429
+        assert shed.json()["error"]["code"] == "slo_unreachable"
+        assert "TPOT" in shed.json()["error"]["message"]
+        whole = {**stream_body("hi"), "stream": False}  # no time per token to meet
+        unstreamed = await client.post(
+            "/v1/chat/completions", json=whole, headers={objective: "0.001"}
+        )
+        assert unstreamed.status_code == 200
+        assert "x-kvgate-predicted-tpot-ms" not in unstreamed.headers
+        page = (await client.get("/metrics")).text
+    for outcome, count in (("predicted_met", 1), ("observed_met", 1), ("shed", 1)):
+        assert metric(page, "kvgate_slo_tpot_total", outcome=outcome) == count, outcome
+    assert metric(page, "kvgate_slo_tpot_total", outcome="predicted_missed") == 0
+    assert metric(page, "kvgate_slo_tpot_total", outcome="observed_missed") == 0
+    learned = sum(
+        metric(page, "kvgate_tpot_prediction_error_seconds_count", pod=name)
+        for name in ("e0", "e1")
+    )
+    assert learned == 1 and gw.state.router.cost.tpot.fleet.observations == 1
+
+
 async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGateway) -> None:
     gw: Gateway = await start_gateway(engines=2)
     async with gw.admin() as admin:
@@ -139,6 +182,10 @@ async def test_admin_match_shows_each_pods_prediction(start_gateway: StartGatewa
             assert prediction["queued_requests"] == 0 and prediction["delay_to_queued_ms"] == 0
             total = sum(prediction["terms_ms"].values())
             assert abs(total - pod["predicted_ttft_ms"]) < 1e-6
+            tpot = pod["tpot_prediction"]  # the prior's, nothing learned yet: its only stream
+            assert tpot["decoding_sequences"] == 1 and tpot["decode_speed"] == 1.0
+            assert set(tpot["terms_ms"]) == set(TPOT_FEATURES)
+            assert sum(tpot["terms_ms"].values()) == pytest.approx(pod["predicted_tpot_ms"])
 
 
 async def test_the_prior_scale_setting_reaches_the_predictions(
