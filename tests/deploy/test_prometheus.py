@@ -114,7 +114,8 @@ async def test_every_dashboard_query_runs_on_a_real_prometheus(
         for i in range(12):
             body = {"model": MODEL, "stream": True, "max_tokens": 3, "messages": [
                 system, {"role": "user", "content": f"question {i} " * 10}]}  # fmt: skip
-            slo = {"x-slo-ttft-ms": "60000" if i % 2 else "0.001"}  # met / missed
+            slo = {"x-slo-ttft-ms": "60000" if i % 2 else "0.001",  # met / missed
+                   "x-slo-tpot-ms": "60000" if i % 3 else "0.001"}  # fmt: skip
             async with client.stream(
                 "POST", "/v1/chat/completions", json=body, headers=slo
             ) as response:
