@@ -199,6 +199,7 @@ def _tpot_view(tpot: TpotPrediction) -> dict[str, Any]:
     return {
         "decoding_sequences": tpot.sequences,
         "prefill_tokens_per_s": tpot.prefill_rate,
+        "requests_per_s": tpot.arrival_rate,
         "decode_speed": tpot.speed,
         "terms_ms": {name: value * 1e3 for name, value in tpot.terms().items()},
     }

@@ -209,7 +209,7 @@ class Router:
         except SloUnreachable:
             if request.slo_ttft_s is not None:
                 self._metrics.slo.labels("shed").inc()
-            if request.slo_tpot_s is not None:
+            if request.slo_tpot_s is not None and request.streamed:
                 self._metrics.slo_tpot.labels("shed").inc()
             raise
         finished = self._clock()

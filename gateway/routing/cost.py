@@ -344,9 +344,10 @@ class CostModel:
         decode with the sequences decoding there now and those ahead of it in prefill."""
         pod = prediction.pod
         work = self._pods.get(pod)
-        rate = 0.0 if work is None else self.arrival_rate(pod) * work.mean_tokens
+        arrivals = 0.0 if work is None else self.arrival_rate(pod)
+        tokens = 0.0 if work is None else arrivals * work.mean_tokens
         sequences = prediction.decoding + prediction.queued_requests + 1.0
-        return self.tpot.predict(pod, sequences, rate)
+        return self.tpot.predict(pod, sequences, tokens, arrivals)
 
     def stream_ended(self, ticket: Ticket, completion_tokens: int) -> float | None:
         """A streamed answer ended whole with `completion_tokens`: learn its observed time

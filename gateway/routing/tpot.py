@@ -1,17 +1,25 @@
 """Time per output token on each pod: what a stream's later tokens cost there, for the
 clients' `x-slo-tpot-ms` objectives.
 
-A decoding sequence gets one token per engine step, so its TPOT is the pod's mean step over
-its answer: the decode step at the batch it runs in, lengthened by the prefills the pod
-admits meanwhile. Modelled as linear in three features known at decision time:
+A decoding sequence gets one token per engine step, and each step decodes the batch and
+prefills what the pod admitted (vLLM's and SGLang's chunked prefill), so its TPOT is the
+decode step at the batch it runs in, lengthened by the prefills of the requests that reach
+the pod while it decodes. Modelled as linear in four features known at decision time:
 
-    tpot ≈ decode speed · (φ0 + φ1·(sequences that will decode with it)
-                           + φ2·(prefill tokens per second routed to the pod lately))
+    tpot ≈ decode speed · (φ0 + φ1·(sequences decoding with it)
+                           + φ2·(prefill tokens per second routed to the pod lately)
+                           + φ3·(requests per second routed to it lately))
 
 - sequences: the pod's decoding ones (ours, and the engine's `running` beyond ours), the
   requests ahead of it in prefill, and itself;
-- prefill tokens per second: the pod's recent arrival rate times its mean uncached tokens
-  per request (a step that prefills N tokens lasts N tokens' prefill longer).
+- the prefill traffic: the pod's recent arrival rate, and that times its mean uncached
+  tokens per request (a request's prefill costs a fixed part and a part per token).
+
+The exact relation is not linear (T = n·d + f·T over an answer of n tokens, d the decode
+step and f the share of the pod's time prefill takes, so TPOT = d / (1 − f)); a model with
+that form, f taken from the TTFT model's prefill cost, was tried and predicted no better
+(docs/benchmarks.md): f's estimate from a 10-second arrival rate is noisy, and the form
+amplifies its errors near saturation where the learned linear terms stay bounded.
 
 φ is the fleet's (one shape learned from every pod's streams, as the TTFT model's θ:
 `TtftModel`'s robust, relative least squares) and each pod has its own decode speed — not
@@ -34,12 +42,13 @@ from gateway.routing.ttft_model import CostParams, PodSpeed, TtftModel
 
 __all__ = ["TPOT_FEATURES", "TpotModel", "TpotPrediction"]
 
-TPOT_FEATURES = ("base", "decoding", "prefill_rate")
+TPOT_FEATURES = ("base", "decoding", "prefill_rate", "arrival_rate")
 """Names of the TPOT model's terms, in coefficient order."""
 # Prior (SIM-CALIBRATION, as the TTFT prior): a 25 ms decode step, 0.2 ms more per running
-# sequence (2 ms per ten), and 111 µs of prefill per token: at r thousand tokens/s a pod
-# spends 0.111·r of its time prefilling, which lengthens a 25 ms step by ≈ 2.8 ms per r.
-DEFAULT_TPOT_PRIOR = (0.025, 0.002, 0.0028)
+# sequence (2 ms per ten); 111 µs of prefill per token and 20 ms per request: at r thousand
+# tokens/s a pod spends 0.111·r of its time prefilling, which lengthens a 25 ms step by
+# ≈ 2.8 ms per r, and at q requests/s 0.02·q, ≈ 5 ms per ten.
+DEFAULT_TPOT_PRIOR = (0.025, 0.002, 0.0028, 0.005)
 _MAX_PODS = 4096
 
 
@@ -52,11 +61,16 @@ class TpotPrediction(NamedTuple):
     """Sequences that will decode with it (itself included)."""
     prefill_rate: float
     """Prefill tokens per second routed to the pod lately."""
+    arrival_rate: float
+    """Requests per second routed to the pod lately."""
     speed: float
     coefficients: tuple[float, ...]
 
     def features(self) -> tuple[float, ...]:
-        return (1.0, self.sequences / SEQ_UNIT, self.prefill_rate / TOKEN_UNIT)
+        return (
+            1.0, self.sequences / SEQ_UNIT, self.prefill_rate / TOKEN_UNIT,
+            self.arrival_rate / SEQ_UNIT,
+        )  # fmt: skip
 
     def terms(self) -> dict[str, float]:
         """Each term's share of the predicted TPOT, in seconds (for /admin/match)."""
@@ -71,18 +85,22 @@ class TpotModel:
 
     def __init__(self, params: CostParams) -> None:
         self._params = params
-        self.fleet = TtftModel(replace(params, prior=DEFAULT_TPOT_PRIOR))
+        prior = tuple(v * params.prior_scale for v in DEFAULT_TPOT_PRIOR)
+        self.fleet = TtftModel(replace(params, prior=prior))
         self._speeds: dict[str, PodSpeed] = {}
         self._log_speeds = 0.0
         """Sum of the answered pods' log decode speeds (their mean is a new pod's)."""
 
-    def predict(self, pod: str, sequences: float, prefill_rate: float) -> TpotPrediction:
+    def predict(
+        self, pod: str, sequences: float, prefill_rate: float, arrival_rate: float
+    ) -> TpotPrediction:
         speed = self.speed(pod)
         theta = self.fleet.coefficients
         tpot = speed * (
             theta[0] + theta[1] * sequences / SEQ_UNIT + theta[2] * prefill_rate / TOKEN_UNIT
-        )
-        return TpotPrediction(pod, tpot, sequences, prefill_rate, speed, theta)
+            + theta[3] * arrival_rate / SEQ_UNIT
+        )  # fmt: skip
+        return TpotPrediction(pod, tpot, sequences, prefill_rate, arrival_rate, speed, theta)
 
     def learn(self, prediction: TpotPrediction, observed_s: float) -> None:
         """A stream predicted by `prediction` ended with `observed_s` per output token."""

@@ -63,6 +63,9 @@ class CostParams:
     """A CPU-tier block costs this share of a block's prefill to load back."""
     storage_load_fraction: float = 0.2
     prior: tuple[float, ...] = DEFAULT_PRIOR
+    prior_scale: float = 1.0
+    """How many times slower than the prior's calibration the fleet is taken to be (the
+    TPOT model's prior is scaled by it too)."""
     activity_window_s: float = 10.0
     """Time constant of each pod's decayed count of requests routed to it (its activity)."""
     conversation_window_s: float = 120.0
@@ -77,7 +80,7 @@ class CostParams:
         coefficient that is time per unit is scaled; the step term is not (it weighs a
         time measured on the pod itself)."""
         prior = tuple(v if i == STEP_TERM else v * scale for i, v in enumerate(self.prior))
-        return replace(self, prior=prior)
+        return replace(self, prior=prior, prior_scale=self.prior_scale * scale)
 
 
 class TtftModel:

@@ -136,6 +136,8 @@ def test_a_prior_scale_starts_the_model_that_many_times_slower() -> None:
     assert slower.predict("p", 1500, 0.0).ttft_s == pytest.approx(
         2.5 * plain.predict("p", 1500, 0.0).ttft_s
     )
+    tpot = slower.predict_tpot(slower.predict("p", 1500, 0.0)).tpot_s  # its decode too
+    assert tpot == pytest.approx(2.5 * plain.predict_tpot(plain.predict("p", 1500, 0.0)).tpot_s)
     # the current step's remainder is measured on the pod itself: its weight is not scaled
     step = FEATURES.index("step_remaining")
     assert slower.fleet.theta[step] == plain.fleet.theta[step] == 1.0
@@ -236,6 +238,19 @@ def _trained_fleet(clock: Clock, speeds: dict[str, float]) -> CostModel:
             tokens = rng.randrange(100, 3000)
             serve(cost, clock, name, tokens, slowdown * (0.005 + 0.03 * tokens / 1000))
     return cost
+
+
+def _system_prompt_on_the_holder(
+    clock: Clock,
+) -> tuple[SyncPrefixHashTable, list[int], CostModel]:
+    """Two pods alike, "holder" and "other", trained alike; a 64-block system prompt
+    cached on the holder."""
+    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
+    for name in ("holder", "other"):
+        table.register_pod(name, MODEL, publishes_events=False)
+    system = list(range(1, 1 + 64 * BLOCK))
+    table.add_prefix("holder", ModelContext(MODEL), table.prefix_hashes(system))
+    return table, system, _trained_fleet(clock, {"holder": 1.0, "other": 1.0})
 
 
 def test_a_slow_pod_gets_less_traffic() -> None:
@@ -372,13 +387,8 @@ def test_first_turns_are_placed_by_activity_despite_a_shared_prefix() -> None:
     shared prefix and the least active within the tolerance gets it. A later turn, whose
     conversation the holder alone has, stays there."""
     clock = Clock()
-    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
     names = ("holder", "other")
-    for name in names:
-        table.register_pod(name, MODEL, publishes_events=False)
-    system = list(range(1, 1 + 64 * BLOCK))
-    table.add_prefix("holder", ModelContext(MODEL), table.prefix_hashes(system))
-    cost = _trained_fleet(clock, dict.fromkeys(names, 1.0))
+    table, system, cost = _system_prompt_on_the_holder(clock)
     picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0))
     pods = [pod(name) for name in names]
 
@@ -718,13 +728,8 @@ def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
     the one holding the conversation's system prompt goes first (no cold prefill for a
     balance not needed); a holder loaded beyond it is passed over, as without it."""
     clock = Clock()
-    table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
     names = ("holder", "other")
-    for name in names:
-        table.register_pod(name, MODEL, publishes_events=False)
-    system = list(range(1, 1 + 64 * BLOCK))
-    table.add_prefix("holder", ModelContext(MODEL), table.prefix_hashes(system))
-    cost = _trained_fleet(clock, dict.fromkeys(names, 1.0))
+    table, system, cost = _system_prompt_on_the_holder(clock)
     clock.now += 600.0  # the training traffic has decayed away
     pods = [pod(name) for name in names]
     opening = system + [10_000] * 3 * BLOCK
