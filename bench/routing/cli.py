@@ -155,6 +155,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep each run's per-request records (logs/<workload>/load-*.records.json)",
     )
+    add(
+        "--slo-tpot-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="send every request with x-slo-tpot-ms (this many model ms per output token) "
+        "and report the share of answers that met it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -209,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir=args.out or RESULTS_DIR / "routing" / run_name,
         quiet=args.quiet,
         keep_records=args.keep_records,
+        slo_tpot_ms=args.slo_tpot_ms,
         ramp_s=args.ramp,
         repeat=args.repeat,
     )

@@ -44,6 +44,8 @@ class LoadSpec:
     replica_urls: tuple[str, ...] = ()
     """Several gateway replicas: requests go to them in turn, each request to the next
     (an L7 balancer in front of their Service); empty: all to `router_url`."""
+    slo_tpot_ms: float | None = None
+    """Each request's `x-slo-tpot-ms`, in model ms (sent in wall ms)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +113,8 @@ async def send(
         "stream_options": {"include_usage": True},
     }
     headers = {"x-session-id": conversation.conversation_id}
+    if spec.slo_tpot_ms is not None:
+        headers["x-slo-tpot-ms"] = f"{spec.slo_tpot_ms / spec.time_scale:.3f}"
     url = router()
     answer = await post_chat(client, f"{url}/v1/chat/completions", body, headers)
     if answer.status is None or answer.failure == "cut":

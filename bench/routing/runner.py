@@ -82,6 +82,9 @@ class RoutingOptions:
     """Rounds of the routers per workload and load, in alternating order: on a shared
     machine one run's figures move by 10 % or more, and the router running second on a
     fleet is not in the first one's conditions. The report uses each figure's median."""
+    slo_tpot_ms: float | None = None
+    """Every request carries `x-slo-tpot-ms` (model ms, sent in wall ms); the report gives
+    the share of answers whose mean inter-token gap met it."""
     keep_records: bool = False
     """Keep each run's per-request records (`logs/<workload>/load-*.records.json`: sent,
     pod, TTFT, kvgate's prediction...), for analysis beyond the report's figures."""
@@ -195,6 +198,10 @@ def _report(point: list[RunResult], heading: str) -> None:
     """The table, the prediction accuracy and the targets of one workload at one load."""
     print(f"\n{heading}")
     print(format_table(point))
+    met = [f"  {r.label}: {r.tpot_met:.1%}" for r in point if r.tpot_met is not None]
+    if met:
+        print("TPOT objective met (mean inter-token gap of each answer):")
+        print("\n".join(met))
     accuracy = prediction_lines(point)
     if accuracy:
         print("TTFT predictions (observed at the client vs kvgate's, model ms):")
@@ -292,6 +299,7 @@ async def _run_one(
             concurrency=options.concurrency,
             time_scale=plan.time_scale,
             ramp_s=ramp_s,
+            slo_tpot_ms=options.slo_tpot_ms,
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""
@@ -327,6 +335,7 @@ async def _run_one(
         records=records,
         engines=deltas(after, before),
         time_scale=plan.time_scale,
+        slo_tpot_ms=options.slo_tpot_ms,
     )
     answered = max(1, result.requests - result.errors)
     result = dataclasses.replace(

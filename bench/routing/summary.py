@@ -70,6 +70,9 @@ class RunResult:
     `n`, `abs_err_ms_p50` / `_p90` (model ms), `rel_err_p50` / `_p90` (|error| /
     observed), `bias_ms_p50` (observed − predicted). Observed: the load generator's TTFT
     (first generated text); predicted: the gateway's, to the engine's first byte."""
+    tpot_met: float | None = None
+    """With `--slo-tpot-ms`: the share of answers (of two tokens or more) whose mean
+    inter-token gap met it."""
 
     @property
     def label(self) -> str:
@@ -103,6 +106,7 @@ def summarize(
     records: Sequence[RequestRecord],
     engines: Mapping[str, EngineCounters],
     time_scale: float,
+    slo_tpot_ms: float | None = None,
 ) -> RunResult:
     ok = [r for r in records if r.error is None and r.ttft_s is not None]
     scale_ms = time_scale * 1e3
@@ -146,7 +150,14 @@ def summarize(
         duration_s=duration,
         first_errors=[r.error for r in records if r.error is not None][:3],
         prediction=_prediction(ok, scale_ms),
+        tpot_met=None if slo_tpot_ms is None else _met(ok, slo_tpot_ms / scale_ms),
     )
+
+
+def _met(ok: Sequence[RequestRecord], slo_s: float) -> float:
+    """The share of answers with a mean inter-token gap whose gap was within `slo_s`."""
+    gaps = [r.itl_s for r in ok if r.itl_s is not None]
+    return sum(gap <= slo_s for gap in gaps) / len(gaps) if gaps else math.nan
 
 
 def _prediction(ok: Sequence[RequestRecord], scale_ms: float) -> dict[str, float]:
