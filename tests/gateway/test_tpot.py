@@ -87,9 +87,10 @@ def test_an_answer_without_a_tpot_teaches_nothing() -> None:
 
 def test_a_tpot_objective_picks_a_pod_that_decodes_fast_enough_or_sheds() -> None:
     """The slow decoder holds the prompt (the TTFT ranking keeps it there); an objective
-    only the fast decoder meets sends the stream there, one both meet keeps the cache
-    warm, one neither meets is shed when shedding is on — and a request that is not
-    streamed has no TPOT to meet."""
+    only the fast decoder meets sends the stream there, one both meet leaves the ranking
+    as it was (no pile-up on the cache: once the holder has a queue, the stream goes where
+    its first token comes sooner), one neither meets is shed when shedding is on — and a
+    request that is not streamed has no TPOT to meet."""
     clock = Clock()
     cost = trained(clock, {"fast": 1.0, "slow": 2.0})
     table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
@@ -119,3 +120,8 @@ def test_a_tpot_objective_picks_a_pod_that_decodes_fast_enough_or_sheds() -> Non
     assert refused.value.status == 429 and "TPOT" in refused.value.message
     assert routed(fast / 2) == "slow"  # no shedding: ranked as without the objective
     assert routed(fast / 2, shed=True, streamed=False) == "slow"
+    queued = [cost.start(cost.predict("slow", 3000, 0.0), streamed=True) for _ in range(3)]
+    assert routed(None) == "fast"  # the holder's queue costs more than its cache saves
+    assert routed(20 * slow) == "fast"  # met by both: not sent to the cache regardless
+    for ticket in queued:
+        cost.finish(ticket)
