@@ -163,6 +163,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="send every request with x-slo-tpot-ms (this many model ms per output token) "
         "and report the share of answers that met it",
     )
+    add(
+        "--no-slo-header",
+        action="store_true",
+        help="with --slo-tpot-ms: report the share that met it without sending the header "
+        "(the routers as they are without the objective)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -218,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         keep_records=args.keep_records,
         slo_tpot_ms=args.slo_tpot_ms,
+        send_slo=not args.no_slo_header,
         ramp_s=args.ramp,
         repeat=args.repeat,
     )

@@ -85,6 +85,8 @@ class RoutingOptions:
     slo_tpot_ms: float | None = None
     """Every request carries `x-slo-tpot-ms` (model ms, sent in wall ms); the report gives
     the share of answers whose mean inter-token gap met it."""
+    send_slo: bool = True
+    """False: `slo_tpot_ms` is only measured against, not sent."""
     keep_records: bool = False
     """Keep each run's per-request records (`logs/<workload>/load-*.records.json`: sent,
     pod, TTFT, kvgate's prediction...), for analysis beyond the report's figures."""
@@ -299,7 +301,7 @@ async def _run_one(
             concurrency=options.concurrency,
             time_scale=plan.time_scale,
             ramp_s=ramp_s,
-            slo_tpot_ms=options.slo_tpot_ms,
+            slo_tpot_ms=options.slo_tpot_ms if options.send_slo else None,
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""

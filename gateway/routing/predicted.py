@@ -127,6 +127,7 @@ class MinPredictedTtftPicker:
         placement_tolerance: float = 0.25,
         placement_key: str = "load",
         placement_load_tolerance: float = 0.0,
+        tpot_tolerance: float = 0.5,
         shed: bool = False,
     ) -> None:
         self._cost = cost
@@ -141,6 +142,12 @@ class MinPredictedTtftPicker:
         self.placement_tolerance = placement_tolerance
         self.placement_key = placement_key
         self.placement_load_tolerance = placement_load_tolerance
+        self.tpot_tolerance = tpot_tolerance
+        """A pod predicted within this share above a TPOT objective counts as meeting it:
+        a stream's TPOT moves with the prompts that reach its pod while it decodes, and
+        moving streams off their cache for a closer prediction costs prefills that lengthen
+        every stream's steps (hetero at 80 %, a 60 ms objective met by the median stream:
+        strict, TTFT p90 277 → 1,084 ms and the objective met by 29 % of answers)."""
         self.shed = shed
 
     def rank(
@@ -152,6 +159,8 @@ class MinPredictedTtftPicker:
         if not pods:
             return []
         slo_tpot = request.slo_tpot_s if request.streamed else None
+        if slo_tpot is not None:
+            slo_tpot *= 1.0 + self.tpot_tolerance
         if slo_tpot is None or request.slo_ttft_s is not None:
             return self._rank(request, pods, slo_tpot)
         # A TPOT objective alone bounds no wait for the first token: the pods predicted to
@@ -298,7 +307,7 @@ class MinPredictedTtftPicker:
             best.append(f"TPOT {min(tpots) * 1e3:.1f} ms")
         wanted = [f"TTFT {slo * 1e3:.0f} ms"] if slo is not None else []
         if slo_tpot is not None:
-            wanted.append(f"TPOT {slo_tpot * 1e3:.1f} ms")
+            wanted.append(f"TPOT {slo_tpot * 1e3:.1f} ms with tpot_tolerance")
         late = min(ttfts) - slo if slo is not None else 0.0
         return SloUnreachable(
             f"no pod is predicted to answer within the objectives ({', '.join(wanted)}; "

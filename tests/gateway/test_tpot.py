@@ -105,8 +105,11 @@ def test_a_tpot_objective_picks_a_pod_that_decodes_fast_enough_or_sheds() -> Non
     slow = cost.predict_tpot(cost.predict("slow", len(prompt), 0.0)).tpot_s
     assert slow > 1.5 * fast
 
-    def routed(slo_s: float | None, *, shed: bool = False, streamed: bool = True) -> str:
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), shed=shed)
+    def routed(
+        slo_s: float | None, *, shed: bool = False, streamed: bool = True, tolerance: float = 0.0
+    ) -> str:
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), shed=shed,
+                                        tpot_tolerance=tolerance)  # fmt: skip
         req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
                              prompt_tokens=len(prompt), slo_tpot_s=slo_s,
                              streamed=streamed)  # fmt: skip
@@ -114,9 +117,12 @@ def test_a_tpot_objective_picks_a_pod_that_decodes_fast_enough_or_sheds() -> Non
 
     assert routed(None) == "slow"  # its cache saves the prefill
     assert routed((fast + slow) / 2) == "fast"
+    # within the tolerance of the objective is as good as meeting it: no move for that
+    assert routed(slow / 1.2, tolerance=0.5) == "slow"
+    assert routed(slow / 1.2, tolerance=0.1) == "fast"
     assert routed(2 * slow) == "slow"
     with pytest.raises(SloUnreachable) as refused:
-        routed(fast / 2, shed=True)
+        routed(fast / 2, shed=True, tolerance=0.5)
     assert refused.value.status == 429 and "TPOT" in refused.value.message
     assert routed(fast / 2) == "slow"  # no shedding: ranked as without the objective
     assert routed(fast / 2, shed=True, streamed=False) == "slow"
