@@ -162,6 +162,7 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
         placement_key=params.choice("placement_key", "load", ("load", "conversations")),
         placement_load_tolerance=params.number("placement_load_tolerance", 0.0, high=10.0),
         tpot_tolerance=params.number("tpot_tolerance", 0.5, high=10.0),
+        tpot_ranking=params.flag("tpot_ranking", False),
         shed=params.flag("shed", ctx.slo_shed),
     )
 

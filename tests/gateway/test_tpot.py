@@ -106,10 +106,15 @@ def test_a_tpot_objective_picks_a_pod_that_decodes_fast_enough_or_sheds() -> Non
     assert slow > 1.5 * fast
 
     def routed(
-        slo_s: float | None, *, shed: bool = False, streamed: bool = True, tolerance: float = 0.0
+        slo_s: float | None,
+        *,
+        shed: bool = False,
+        streamed: bool = True,
+        tolerance: float = 0.0,
+        ranking: bool = True,
     ) -> str:
         picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), shed=shed,
-                                        tpot_tolerance=tolerance)  # fmt: skip
+                                        tpot_tolerance=tolerance, tpot_ranking=ranking)  # fmt: skip
         req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
                              prompt_tokens=len(prompt), slo_tpot_s=slo_s,
                              streamed=streamed)  # fmt: skip
@@ -126,6 +131,10 @@ def test_a_tpot_objective_picks_a_pod_that_decodes_fast_enough_or_sheds() -> Non
     assert refused.value.status == 429 and "TPOT" in refused.value.message
     assert routed(fast / 2) == "slow"  # no shedding: ranked as without the objective
     assert routed(fast / 2, shed=True, streamed=False) == "slow"
+    # without `tpot_ranking` (the default) an objective reorders nothing; it still sheds
+    assert routed((fast + slow) / 2, ranking=False) == "slow"
+    with pytest.raises(SloUnreachable):
+        routed(fast / 2, shed=True, ranking=False)
     queued = [cost.start(cost.predict("slow", 3000, 0.0), streamed=True) for _ in range(3)]
     assert routed(None) == "fast"  # the holder's queue costs more than its cache saves
     assert routed(20 * slow) == "fast"  # met by both: not sent to the cache regardless
