@@ -269,8 +269,8 @@ class Router:
             self._metrics.slo.labels("observed_met" if observed <= slo else "observed_missed").inc()
 
     def finish(self, routed: Routed, completion_tokens: int | None = None) -> None:
-        """The exchange is over, however it ended (`completion_tokens`: it ended whole,
-        with that many; a stream then teaches the TPOT model)."""
+        """The exchange is over, however it ended (`completion_tokens`: it was served with
+        a 2xx and relayed that many; a stream then teaches the TPOT model)."""
         ticket = routed.ticket
         if ticket is None:
             return

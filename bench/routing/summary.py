@@ -155,7 +155,8 @@ def summarize(
 
 
 def _met(ok: Sequence[RequestRecord], slo_s: float) -> float:
-    """The share of answers with a mean inter-token gap whose gap was within `slo_s`."""
+    """Of the answers with a mean inter-token gap (two text chunks or more), the share
+    whose gap was within `slo_s`."""
     gaps = [r.itl_s for r in ok if r.itl_s is not None]
     return sum(gap <= slo_s for gap in gaps) / len(gaps) if gaps else math.nan
 
