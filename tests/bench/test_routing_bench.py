@@ -221,7 +221,8 @@ def _tiny_run(out_dir: Path, *args: str) -> str:
 
 def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) -> None:
     stdout = _tiny_run(tmp_path, "--routers", "prefix-cache,round-robin,sticky-rr,oracle",
-                       "--time-scale", "4", "--replicas", "1,2")  # fmt: skip
+                       "--time-scale", "4", "--replicas", "1,2",
+                       "--slo-tpot-ms", "100000")  # fmt: skip
     assert "TTFT p50" in stdout and "hit rate" in stdout
     for name in ("prefix-cache", "round-robin", "sticky-rr", "oracle"):
         assert name in stdout
@@ -242,6 +243,11 @@ def test_tiny_benchmark_run_prints_the_table_and_writes_results(tmp_path: Path) 
     assert set(runs) == {"prefix-cache", "round-robin", "sticky-rr", "oracle"}
     assert runs["prefix-cache"]["prediction"]["n"] == runs["prefix-cache"]["requests"]
     assert runs["oracle"]["prediction"] == {}  # only kvgate predicts
+    # every streamed answer's TPOT prediction came back with it, and a generous objective
+    # sent with every request was met by every answer, whatever the router
+    assert runs["prefix-cache"]["prediction"]["tpot_n"] == runs["prefix-cache"]["requests"]
+    assert "TPOT objective met" in stdout
+    assert all(run["tpot_met"] == 1.0 for run in runs.values())
     assert all(run["router_cpu_ms_per_request"] > 0 for run in runs.values())
     expected = document["fleets"]["chat"]["requests"]
     for run in runs.values():
