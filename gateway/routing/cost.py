@@ -344,8 +344,11 @@ class CostModel:
         decode with the sequences decoding there now and those ahead of it in prefill."""
         pod = prediction.pod
         work = self._pods.get(pod)
-        arrivals = 0.0 if work is None else self.arrival_rate(pod)
-        tokens = 0.0 if work is None else arrivals * work.mean_tokens
+        arrivals = tokens = 0.0
+        if work is not None:  # `arrival_rate` without looking the pod up again
+            window = self.params.activity_window_s
+            arrivals = self._decayed_activity(work, self._clock()) / window
+            tokens = arrivals * work.mean_tokens
         sequences = prediction.decoding + prediction.queued_requests + 1.0
         return self.tpot.predict(pod, sequences, tokens, arrivals)
 

@@ -168,25 +168,24 @@ class MinPredictedTtftPicker:
         if not pods:
             return []
         slo_tpot = request.slo_tpot_s if request.streamed else None
-        if slo_tpot is not None:
-            slo_tpot *= 1.0 + self.tpot_tolerance
-            if not self.tpot_ranking:  # counted, and shed when no pod can meet it
-                if self.shed and min(tpots := self._tpots(request, pods)) > slo_tpot:
-                    raise self._unreachable(None, [], slo_tpot, tpots)
-                slo_tpot = None
-        if slo_tpot is None or request.slo_ttft_s is not None:
-            return self._rank(request, pods, slo_tpot)
-        # A TPOT objective alone bounds no wait for the first token: the pods predicted to
-        # meet it keep the order they have without it (the cost model's), ahead of the
+        if slo_tpot is None or not (self.shed or self.tpot_ranking):
+            return self._rank(request, pods, None)  # an objective only counted
+        bar = slo_tpot * (1.0 + self.tpot_tolerance)
+        if self.tpot_ranking and request.slo_ttft_s is not None:
+            return self._rank(request, pods, bar)  # both met together, by cache affinity
+        # Otherwise a TPOT objective bounds no wait for the first token: the pods predicted
+        # to meet it keep the order they have without it (the cost model's), ahead of the
         # others. Ranked by cache affinity alone, as with a TTFT objective, the streams
         # piled onto the pods holding their prefixes (hetero at 80 %: TTFT p90 277 →
         # 1,040 ms, the objective met less often than by sticky-rr, docs/benchmarks.md).
         ranked = self._rank(request, pods, None)
         predicted = dict(zip(ranked, self._tpots(request, ranked), strict=True))
-        meeting = [pod for pod in ranked if predicted[pod] <= slo_tpot]
+        meeting = [pod for pod in ranked if predicted[pod] <= bar]
         if not meeting and self.shed:
-            raise self._unreachable(None, [], slo_tpot, list(predicted.values()))
-        return meeting + [pod for pod in ranked if predicted[pod] > slo_tpot]
+            raise self._unreachable(None, [], bar, list(predicted.values()))
+        if not self.tpot_ranking:
+            return ranked  # counted, and shed when no pod can meet it
+        return meeting + [pod for pod in ranked if predicted[pod] > bar]
 
     def _rank(
         self, request: RoutingRequest, pods: Sequence[PodState], slo_tpot: float | None
@@ -315,13 +314,16 @@ class MinPredictedTtftPicker:
         slo: float | None, ttfts: list[float], slo_tpot: float | None, tpots: list[float]
     ) -> SloUnreachable:
         """The 429 of a request no pod is predicted to serve within its objectives."""
-        best = [f"TTFT {min(ttfts) * 1e3:.0f} ms"] if slo is not None else []
-        if slo_tpot is not None:
-            best.append(f"TPOT {min(tpots) * 1e3:.1f} ms")
-        wanted = [f"TTFT {slo * 1e3:.0f} ms"] if slo is not None else []
+        wanted: list[str] = []
+        best: list[str] = []
+        late = 0.0
+        if slo is not None:
+            wanted.append(f"TTFT {slo * 1e3:.0f} ms")
+            best.append(f"TTFT {min(ttfts) * 1e3:.0f} ms")
+            late = min(ttfts) - slo
         if slo_tpot is not None:
             wanted.append(f"TPOT {slo_tpot * 1e3:.1f} ms with tpot_tolerance")
-        late = min(ttfts) - slo if slo is not None else 0.0
+            best.append(f"TPOT {min(tpots) * 1e3:.1f} ms")
         return SloUnreachable(
             f"no pod is predicted to answer within the objectives ({', '.join(wanted)}; "
             f"best predicted: {', '.join(best)})",
