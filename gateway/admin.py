@@ -124,11 +124,11 @@ async def match(request: Request) -> Response:
     """Exactly what a routing decision would see for this prompt, without sending it."""
     gateway = _authorized(request)
     settings = gateway.settings
-    _, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
+    raw, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
     kind: Kind = "chat" if "messages" in body else "completion"
     validate(kind, body)
     profile = gateway.router.policy(requested_policy(request))
-    routed = await gateway.router.route(kind, body, profile, dry_run=True)
+    routed = await gateway.router.route(kind, body, profile, body_bytes=len(raw), dry_run=True)
     decision = routed.decision
     result = routed.request.match
     ranked = {state.name: rank for rank, state in enumerate(decision.ranking)}
@@ -166,6 +166,10 @@ async def match(request: Request) -> Response:
             "model": body["model"],
             "policy": decision.policy,
             "prompt_blocks": routed.request.prompt_blocks,
+            "prompt_tokens": routed.request.prompt_tokens,
+            # false: the tokenizer failed, and the prompt is costed from the body's size
+            "prompt_tokenized": routed.request.prompt_tokenized,
+            "body_bytes_per_token": gateway.router.prompt_sizes.bytes_per_token(body["model"]),
             "chosen": decision.ranking[0].name if decision.ranking else None,
             "pods": pods_view,
         }

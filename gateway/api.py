@@ -213,7 +213,8 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
             return
         known = routed.request.prompt_tokens if routed.request.prompt_tokenized else None
         usage = meter.usage(known)
-        router.finish(routed, usage.completion_tokens)
+        engine_prompt = usage.prompt_tokens if usage.source == "engine" else None
+        router.finish(routed, usage.completion_tokens, engine_prompt)
         if usage.prompt_tokens is not None:
             model_metrics.prompt_tokens.labels(model, usage.source).inc(usage.prompt_tokens)
         model_metrics.completion_tokens.labels(model, usage.source).inc(usage.completion_tokens)

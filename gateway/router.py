@@ -27,13 +27,13 @@ from gateway.routing import (
     predict_all,
 )
 from gateway.routing.profile import PluginTimer
+from gateway.routing.prompt_size import PromptSizes
 from gateway.settings import AIBRIX_STRATEGIES, Settings
 from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
 Kind = Literal["chat", "completion"]
 prediction_logger = logging.getLogger("kvgate.predictions")
-_BODY_BYTES_PER_TOKEN = 4  # a prompt that was not tokenized is costed from its body's size
 
 
 @dataclass(slots=True)
@@ -78,6 +78,7 @@ class Router:
         clock: Callable[[], float] = time.perf_counter,
         max_prompt_tokens: int | None = None,
         log_predictions: bool = False,
+        prompt_sizes: PromptSizes | None = None,
     ) -> None:
         self._registry = registry
         self._table = table
@@ -95,6 +96,8 @@ class Router:
         """Where the pin manager plugs in its leases (the `pin-affinity` plugin reads it)."""
         self._clock = clock
         self._max_prompt_tokens = max_prompt_tokens
+        self.prompt_sizes = prompt_sizes or PromptSizes()
+        """What a prompt that was not tokenized is costed at (learned from those counted)."""
         self.sync: DecisionSink | None = None
         """Set when replicas share their decisions (`gateway/replicas.py`)."""
         self._log_predictions = log_predictions
@@ -172,6 +175,7 @@ class Router:
             if tokens is not None:
                 self._check_prompt_length(kind, len(tokens))
                 hashes = self._hashes(tokens)
+                self.prompt_sizes.learn(model, body_bytes, len(tokens))
         match_started = self._clock()
         match = self._table.match(context, hashes, names) if hashes else None
         self._stages["match"].observe(self._clock() - match_started)
@@ -183,9 +187,10 @@ class Router:
             session,
             prompt_tokens=len(tokens)
             if tokens is not None
-            else body_bytes // _BODY_BYTES_PER_TOKEN,
+            else self.prompt_sizes.tokens(model, body_bytes),
             prompt_tokenized=tokens is not None,
             prefix_hashes=hashes,
+            body_bytes=body_bytes,
             slo_ttft_s=slo_ttft_s,
             slo_tpot_s=slo_tpot_s,
             streamed=bool(body.get("stream")),
@@ -268,9 +273,19 @@ class Router:
         if slo is not None:
             self._metrics.slo.labels("observed_met" if observed <= slo else "observed_missed").inc()
 
-    def finish(self, routed: Routed, completion_tokens: int | None = None) -> None:
+    def finish(
+        self,
+        routed: Routed,
+        completion_tokens: int | None = None,
+        engine_prompt_tokens: int | None = None,
+    ) -> None:
         """The exchange is over, however it ended (`completion_tokens`: it was served with
-        a 2xx and relayed that many; a stream then teaches the TPOT model)."""
+        a 2xx and relayed that many; a stream then teaches the TPOT model;
+        `engine_prompt_tokens`: the engine's own count of the prompt, which teaches what a
+        prompt that was not tokenized is costed at)."""
+        request = routed.request
+        if engine_prompt_tokens is not None and not request.prompt_tokenized:
+            self.prompt_sizes.learn(request.model, request.body_bytes, engine_prompt_tokens)
         ticket = routed.ticket
         if ticket is None:
             return

@@ -25,6 +25,8 @@ class RoutingRequest:
     """Prompt length in tokens: exact when tokenized, else estimated from the body's size."""
     prompt_tokenized: bool = False
     """Whether `prompt_tokens` is exact."""
+    body_bytes: int = 0
+    """The size of the client's request body (what an untokenized prompt is estimated from)."""
     prefix_hashes: Sequence[int] = ()
     slo_ttft_s: float | None = None
     """The client's time-to-first-token objective (`x-slo-ttft-ms`), if any."""
