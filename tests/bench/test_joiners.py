@@ -6,13 +6,14 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bench.routing.joiners import Answer, answers_of, split_by_step, summarize
+from bench.routing.joiners import DECISION_INPUTS, Answer, answers_of, split_by_step, summarize
 from gateway.logs import JsonFormatter
 from gateway.router import log_prediction, prediction_logger
 from gateway.routing import CostModel
@@ -71,6 +72,42 @@ def test_a_request_sent_later_into_the_same_step_is_a_joiner() -> None:
     assert summary["joined"]["share"] == 0.25 and summary["not_joined"]["share"] == 0.75
     # without its joiner's prefill the joined answer is closer to its prediction
     assert summary["all_without_joiners_prefill"]["signed_p90"] < summary["all"]["signed_p90"]
+    # every line carries what its decision knew, for the fits in hindsight
+    assert all(len(a.inputs) == len(DECISION_INPUTS) for a in answers)
+    assert answers[0].inputs[0] == pytest.approx(answers[0].predicted_s * 1e3)
+
+
+def test_hindsight_fits_bound_what_the_decision_inputs_and_the_joiners_explain() -> None:
+    """Pods whose TTFT is exactly linear in what the decision knew, plus a joiner's
+    prefill in every third step: the fit of the decision's inputs cannot explain the
+    joiners; given them too it explains everything."""
+    rng = random.Random(7)
+    answers = []
+    for step in range(300):
+        pod, sent = f"p{step % 3}", step * 1.0
+        own, decoding, remaining = rng.uniform(100, 900), rng.uniform(0, 30), rng.uniform(0.01, 0.1)
+        ttft = 0.02 + 0.0002 * own + 0.001 * decoding + remaining
+        joiner = 500.0 if step % 3 == 0 else 0.0
+        predicted_ms = ttft * 1e3 * rng.uniform(0.9, 1.1)  # the gateway's own, a bit off
+        inputs = (predicted_ms, own, 0.0, 0.0, decoding, 1.0, remaining * 1e3, 0.0, 1.0)
+        answers.append(Answer(pod, sent, ttft + 0.0002 * joiner, predicted_ms / 1e3, own,
+                              0.0002, inputs))  # fmt: skip
+        if joiner:  # sent 10 ms after it, its first byte in the same step: its own TTFT is
+            # as linear in what its decision knew (the first one queued, 10 ms less to wait)
+            late = (100.0, joiner, own, 0.0, decoding, 1.0, remaining * 1e3 - 10, 0.0, 1.0)
+            answers.append(Answer(pod, sent + 0.01, ttft + 0.0002 * joiner - 0.01, 0.1,
+                                  joiner, 0.0002, late))  # fmt: skip
+    summary = summarize(split_by_step(answers))
+    assert summary["hindsight_decision_inputs"]["abs_p90"] > 0.15
+    assert summary["hindsight_with_joiners"]["abs_p90"] < 0.01
+    # lines of an older gateway, without the inputs: no fit, the rest as before
+    bare = summarize(split_by_step([replace_inputs(a) for a in answers]))
+    assert "hindsight_decision_inputs" not in bare and bare["joined"]["share"] > 0
+
+
+def replace_inputs(answer: Answer) -> Answer:
+    return Answer(answer.pod, answer.sent_s, answer.observed_s, answer.predicted_s,
+                  answer.own_tokens, answer.prefill_s_per_token)  # fmt: skip
 
 
 def test_steps_are_told_apart_by_the_gap() -> None:
@@ -102,3 +139,8 @@ def test_the_command_reads_a_compressed_log(tmp_path: Path) -> None:
     nothing = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "joiners",
                               str(empty)], capture_output=True, text=True, check=False)  # fmt: skip
     assert nothing.returncode == 1 and "no kvgate.predictions lines" in nothing.stdout
+    missing = subprocess.run([sys.executable, "-m", "gateway.cli", "bench", "joiners",
+                              str(tmp_path / "absent.log")], capture_output=True, text=True,
+                             check=False)  # fmt: skip
+    assert missing.returncode == 2 and "cannot read" in missing.stdout
+    assert "Traceback" not in missing.stderr
