@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -18,9 +19,17 @@ DEFAULT_ROUTERS = (
     "least-request",
     "round-robin",
     "random",
+    "sticky-rr",
     "oracle",
 )
 SWEEP_LOADS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2)
+
+
+def _name_list(raw: str) -> list[str]:
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one router")
+    return names
 
 
 def _names(known: tuple[str, ...]) -> type:
@@ -68,10 +77,21 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--routers",
-        type=_names((*KVGATE_POLICIES, *BASELINES, *PEERS)),
+        type=_name_list,
         default=list(DEFAULT_ROUTERS),
         help="comma-separated routers (default: kvgate's prefix-cache, prefix-share, "
-        "least-request, round-robin, random, the sticky-rr baseline and the oracle)",
+        "least-request, round-robin, random, the sticky-rr baseline and the oracle); "
+        f"of {', '.join((*KVGATE_POLICIES, *BASELINES, *PEERS))} and the profiles "
+        "--routing-config declares",
+    )
+    add(
+        "--routing-config",
+        type=Path,
+        default=os.environ.get("KVGATE_ROUTING_CONFIG") or None,
+        metavar="FILE",
+        help="a routing config (TOML or YAML, docs/routing.md) laid over the built-in "
+        "policies of every kvgate in the run: its profiles can be named in --routers and "
+        "the run folder keeps a copy (default: $KVGATE_ROUTING_CONFIG)",
     )
     add(
         "--peers",
@@ -173,6 +193,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bench.routing.runner import RoutingOptions, run_routing
+    from gateway.errors import ConfigError
+    from gateway.routing.config import normalise, read_config
 
     checks = {
         "--engines": args.engines < 1,
@@ -188,6 +210,20 @@ def run(args: argparse.Namespace) -> int:
     bad = [name for name, wrong in checks.items() if wrong]
     if bad:
         print(f"kvgate bench routing: invalid value for {', '.join(bad)}")
+        return 2
+    config_profiles: tuple[str, ...] = ()
+    if args.routing_config is not None:
+        try:
+            declared = normalise(read_config(args.routing_config), str(args.routing_config))
+        except ConfigError as error:
+            print(f"kvgate bench routing: --routing-config: {error}")
+            return 2
+        config_profiles = tuple(name for name in declared if name not in KVGATE_POLICIES)
+    known = (*KVGATE_POLICIES, *config_profiles, *BASELINES, *PEERS)
+    unknown = [name for name in args.routers if name not in known]
+    if unknown:
+        print(f"kvgate bench routing: unknown router {', '.join(unknown)}; choose from "
+              f"{', '.join(known)}")  # fmt: skip
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.quick:
@@ -227,5 +263,7 @@ def run(args: argparse.Namespace) -> int:
         send_slo=not args.no_slo_header,
         ramp_s=args.ramp,
         repeat=args.repeat,
+        routing_config=args.routing_config,
+        config_profiles=config_profiles,
     )
     return run_routing(options)

@@ -1,7 +1,8 @@
 """The routers under test, each started as its own process on a free loopback port.
 
 - kvgate's policies: `kvgate serve --policy NAME`, a fresh gateway per run (no index or
-  session state leaks from the previous router), ready when every subscriber is whole.
+  session state leaks from the previous router), ready when every subscriber is whole;
+  NAME is a built-in policy or a profile of the run's `--routing-config`.
 - `oracle` and `sticky-rr` (oracle.py, sticky_rr.py): benchmark-only baselines.
 - `sglang-router`, `vllm-router` (`--peers`): the PyPI packages in their own venvs under
   `bench/.venvs/NAME`, with `--policy cache_aware`. `HF_HUB_OFFLINE=1`: sglang-router
@@ -19,7 +20,7 @@ import random
 import secrets
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import httpx
@@ -93,18 +94,23 @@ def make_router(
     *,
     replica: int | None = None,
     time_scale: float = 1.0,
+    routing_config: Path | None = None,
+    profiles: Collection[str] = KVGATE_POLICIES,
 ) -> RouterProcess:
     """Router `name` on a free port; `replica`: one of several kvgate replicas (own log).
     `time_scale`: the engines' model seconds per wall second. kvgate's cost model is told
     that its pods answer 1 / `time_scale` times as slowly as its prior says (a calibrated
     14B model on one GPU, which a simulated engine is in model time), as an operator tells
-    it of a slower GPU."""
+    it of a slower GPU. `profiles`: the names that are kvgate's policies, the built-ins and
+    those `routing_config` (given to every kvgate) declares."""
     port = free_port_block(2, rng)
     log = log_dir / (f"router-{name}.log" if replica is None else f"router-{name}-{replica}.log")
-    if name in KVGATE_POLICIES:
+    if name in profiles:
         token = secrets.token_urlsafe(12)
         command = serve_command(pods_file, port, name)
         env = {"KVGATE_ADMIN_TOKEN": token, "KVGATE_COST_PRIOR_SCALE": f"{1.0 / time_scale:g}"}
+        if routing_config is not None:
+            env["KVGATE_ROUTING_CONFIG"] = str(routing_config)
         return RouterProcess(name, command, log, port, env, token)
     if name in BASELINES:
         command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port), block_hash]

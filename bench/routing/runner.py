@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 import random
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -90,6 +91,14 @@ class RoutingOptions:
     keep_records: bool = False
     """Keep each run's per-request records (`logs/<workload>/load-*.records.json`: sent,
     pod, TTFT, kvgate's prediction...), for analysis beyond the report's figures."""
+    routing_config: Path | None = None
+    """A routing config laid over the built-in policies of every kvgate in the run
+    (`KVGATE_ROUTING_CONFIG`); the run folder keeps a copy."""
+    config_profiles: tuple[str, ...] = ()
+    """The profiles `routing_config` declares: kvgate routers too."""
+
+    def is_kvgate(self, router: str) -> bool:
+        return router in KVGATE_POLICIES or router in self.config_profiles
 
 
 RAMP_LOAD = 0.8
@@ -108,6 +117,10 @@ def ramp_for(options: RoutingOptions, capacity_rps: float) -> float:
 
 
 def run_routing(options: RoutingOptions) -> int:
+    if options.routing_config is not None:  # what the run's kvgate profiles were
+        kept = options.out_dir / f"routing-config{options.routing_config.suffix or '.toml'}"
+        options.out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(options.routing_config, kept)
     return asyncio.run(_main(options))
 
 
@@ -181,7 +194,11 @@ async def _main(options: RoutingOptions) -> int:
             finally:
                 await asyncio.gather(*(engine.stop() for engine in engines))
     document: dict[str, Any] = {
-        "options": {**dataclasses.asdict(options), "out_dir": str(options.out_dir)},
+        "options": {
+            **dataclasses.asdict(options),
+            "out_dir": str(options.out_dir),
+            "routing_config": options.routing_config and str(options.routing_config),
+        },
         "fleets": plans,
         "runs": [r.as_json() for r in results],
     }
@@ -268,7 +285,9 @@ async def _run_one(
     logs = options.out_dir / "logs" / script.name
     routers = [
         make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,
-                    replica=index if replicas > 1 else None, time_scale=plan.time_scale)
+                    replica=index if replicas > 1 else None, time_scale=plan.time_scale,
+                    routing_config=options.routing_config,
+                    profiles=(*KVGATE_POLICIES, *options.config_profiles))
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
@@ -389,7 +408,7 @@ def _runs(options: RoutingOptions) -> list[tuple[str, tuple[int, bool]]]:
     return [
         (router, setup)
         for router in options.routers
-        for setup in (options.replicas if router in KVGATE_POLICIES else [(1, False)])
+        for setup in (options.replicas if options.is_kvgate(router) else [(1, False)])
     ]
 
 

@@ -443,3 +443,47 @@ def test_closed_loop_users_join_at_the_open_loops_default_load_unless_told() -> 
     assert ramp_for(options, 100.0) == pytest.approx(160 / 80.0)  # 80 % of 100 req/s
     assert ramp_for(dataclasses.replace(options, ramp_s=0.0), 100.0) == 0.0  # all at once
     assert ramp_for(dataclasses.replace(options, ramp_s=3.0), 100.0) == 3.0
+
+
+def test_a_routing_configs_profiles_run_beside_the_built_ins(tmp_path: Path) -> None:
+    """`--routing-config`: its profiles are routers of the run, laid over the built-ins of
+    every kvgate in it, and the run folder keeps the file."""
+    config = tmp_path / "variants.toml"
+    config.write_text(
+        "[profiles.no-delay]\n"
+        'filters = ["routable"]\n'
+        'picker = { type = "min-predicted-ttft", delay_weight = 0.0 }\n'
+    )
+    out = tmp_path / "run"
+    stdout = _tiny_run(out, "--routers", "no-delay,round-robin", "--time-scale", "4",
+                       "--routing-config", str(config))  # fmt: skip
+    assert "no-delay" in stdout
+    document = json.loads((out / "routing.json").read_text())
+    runs = {run["router"]: run for run in document["runs"]}
+    assert set(runs) == {"no-delay", "round-robin"}
+    assert runs["no-delay"]["errors"] == 0
+    assert runs["no-delay"]["prediction"]["n"] == runs["no-delay"]["requests"]  # a cost model
+    assert document["options"]["routing_config"] == str(config)
+    assert (out / "routing-config.toml").read_text() == config.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--routers", "no-such-router"], "unknown router no-such-router; choose from"),
+        (["--routers", "prefix-cache", "--routing-config", "{missing}"], "--routing-config"),
+        (["--routers", "prefix-cache", "--routing-config", "{bad}"], "profiles.x.picker"),
+    ],
+)
+def test_unknown_routers_and_bad_routing_configs_are_refused_before_anything_starts(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[profiles.x]\nfilters = ["routable"]\n')  # no picker
+    args = [a.format(missing=tmp_path / "absent.toml", bad=bad) for a in args]
+    command = [sys.executable, "-m", "gateway.cli", "bench", "routing", "--quick",
+               "--workloads", "chat", "--out", str(tmp_path / "run"), *args]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert says in out.stdout and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
