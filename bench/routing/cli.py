@@ -25,8 +25,12 @@ DEFAULT_ROUTERS = (
 SWEEP_LOADS = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2)
 
 
+def _split(raw: str) -> list[str]:
+    return [n.strip() for n in raw.split(",") if n.strip()]
+
+
 def _name_list(raw: str) -> list[str]:
-    names = [n.strip() for n in raw.split(",") if n.strip()]
+    names = _split(raw)
     if not names:
         raise argparse.ArgumentTypeError("name at least one router")
     return names
@@ -34,7 +38,7 @@ def _name_list(raw: str) -> list[str]:
 
 def _names(known: tuple[str, ...]) -> type:
     def parse(raw: str) -> list[str]:
-        names = [n.strip() for n in raw.split(",") if n.strip()]
+        names = _split(raw)
         unknown = [n for n in names if n not in known]
         if unknown or not names:
             raise argparse.ArgumentTypeError(f"choose from {', '.join(known)}")

@@ -97,8 +97,10 @@ class RoutingOptions:
     config_profiles: tuple[str, ...] = ()
     """The profiles `routing_config` declares: kvgate routers too."""
 
-    def is_kvgate(self, router: str) -> bool:
-        return router in KVGATE_POLICIES or router in self.config_profiles
+    @property
+    def kvgate_routers(self) -> tuple[str, ...]:
+        """The routers that are kvgate policies: the built-ins and `config_profiles`."""
+        return (*KVGATE_POLICIES, *self.config_profiles)
 
 
 RAMP_LOAD = 0.8
@@ -287,7 +289,7 @@ async def _run_one(
         make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,
                     replica=index if replicas > 1 else None, time_scale=plan.time_scale,
                     routing_config=options.routing_config,
-                    profiles=(*KVGATE_POLICIES, *options.config_profiles))
+                    profiles=options.kvgate_routers)
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
@@ -408,7 +410,7 @@ def _runs(options: RoutingOptions) -> list[tuple[str, tuple[int, bool]]]:
     return [
         (router, setup)
         for router in options.routers
-        for setup in (options.replicas if options.is_kvgate(router) else [(1, False)])
+        for setup in (options.replicas if router in options.kvgate_routers else [(1, False)])
     ]
 
 
