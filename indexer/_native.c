@@ -1875,7 +1875,8 @@ static int read_pod_list(PyObject *list, Py_ssize_t count, double *out, const ch
     return read_doubles(list, count, out);
 }
 
-/* gateway.routing.kernels.affine_order: affine_costs' TTFTs (each charged `delay_weight`
+/* gateway.routing.kernels.affine_order: affine_costs' TTFTs (each charged `prefill_weight`
+ * times its own prefill, `delay_weight`
  * times the requests waiting on that pod times its own prefill, and `arrival_weight` times
  * the pod's arrival rate times its own prefill squared, each when not 0), their
  * argsort, and the pods within `tolerance` of the best (`ties`, at least one) moved into
@@ -1885,9 +1886,10 @@ static int read_pod_list(PyObject *list, Py_ssize_t count, double *out, const ch
 static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     static const char signature[] =
         "affine_order(bases: list, units: list, ends: list, cached: list, prompt_tokens, "
-        "step_term, now, tolerance, waits: list, delay_weight, rates: list, arrival_weight)";
+        "step_term, now, tolerance, waits: list, delay_weight, rates: list, arrival_weight, "
+        "prefill_weight)";
     AffineArgs a;
-    if (!read_affine_args(args, nargs, 12, "affine_order", signature, 3, &a)) {
+    if (!read_affine_args(args, nargs, 13, "affine_order", signature, 3, &a)) {
         return NULL;
     }
     Py_ssize_t count = a.count;
@@ -1896,6 +1898,7 @@ static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py
     double tolerance = PyFloat_AsDouble(args[7]);
     double weight = PyFloat_AsDouble(args[9]);
     double arrival_weight = PyFloat_AsDouble(args[11]);
+    double prefill_weight = PyFloat_AsDouble(args[12]);
     Ranked *ranked = NULL;
     PyObject *order = NULL, *result = NULL;
     if (PyErr_Occurred()) {
@@ -1916,6 +1919,10 @@ static PyObject *native_affine_order(PyObject *module, PyObject *const *args, Py
     for (Py_ssize_t i = 0; i < count; i++) {
         double prefill;
         double ttft = affine_ttft(&a, i, &prefill);
+        if (prefill_weight != 0.0) { /* the capacity its own prefill burns */
+            double burnt = prefill_weight * prefill;
+            ttft = ttft + burnt;
+        }
         if (weight != 0.0) { /* what it adds to those waiting there */
             double delay = waits[i] * prefill;
             double charged = weight * delay;

@@ -69,6 +69,7 @@ def affine_order(
     delay_weight: float,
     rates: list[float],
     arrival_weight: float,
+    prefill_weight: float,
     /,
 ) -> tuple[list[int], int, int]: ...
 def pod_estimate(

@@ -85,11 +85,11 @@ Argsort = Callable[[list[float]], list[int]]
 """`gateway.routing.kernels.argsort`."""
 AffineOrder = Callable[
     [list[float], list[float], list[float], list[float], float, float, float, float,
-     list[float], float, list[float], float],
+     list[float], float, list[float], float, float],
     tuple[list[int], int, int],
 ]  # fmt: skip
 """(bases, units, step ends, cached tokens, prompt tokens, step term, now, tolerance,
-waits, delay weight, arrival rates, arrival weight) -> (order, ties, equal):
+waits, delay weight, arrival rates, arrival weight, prefill weight) -> (order, ties, equal):
 `gateway.routing.kernels.affine_order`."""
 
 _E = TypeVar("_E", bound=tuple[Any, ...])

@@ -438,9 +438,11 @@ class CostModel:
         tolerance: float,
         delay_weight: float = 0.0,
         arrival_weight: float = 0.0,
+        prefill_weight: float = 0.0,
     ) -> tuple[list[int], int, int]:
-        """`rank_costs`' TTFTs, each charged `delay_weight` times `rank_delays` and
-        `arrival_weight` times `rank_arrivals`, ranked in one pass (`kernels.affine_order`):
+        """`rank_costs`' TTFTs, each charged `prefill_weight` times its own prefill,
+        `delay_weight` times `rank_delays` and `arrival_weight` times `rank_arrivals`,
+        ranked in one pass (`kernels.affine_order`):
         (the pods' indices, fastest first but those within `tolerance` of the fastest by
         cached tokens; how many are within it; how many of those hold as much as the
         first)."""
@@ -450,7 +452,7 @@ class CostModel:
         return self.kernels.affine_order(
             ranking.bases, ranking.units, ranking.ends, held, prompt,
             self._theta[STEP_TERM], now, tolerance, ranking.waits, delay_weight, rates,
-            arrival_weight,
+            arrival_weight, prefill_weight,
         )  # fmt: skip
 
     def rank_arrivals(

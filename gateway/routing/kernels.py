@@ -57,15 +57,18 @@ def affine_order(
     delay_weight: float,
     rates: list[float],
     arrival_weight: float,
+    prefill_weight: float = 0.0,
 ) -> tuple[list[int], int, int]:
     """`affine_costs`' TTFTs ranked: (order, ties, equal). `order` is their `argsort`, but
     its first `ties` pods (those within `tolerance` of the best, at least one) in descending
     order of `cached` tokens (equal ones as they were); `equal`: how many of those hold as
-    much as the first. Each TTFT is first charged `delay_weight` times the request's
-    `delays` on its pod (`waits`: read only when the weight is not 0), then
-    `arrival_weight` times its `arrivals` there (`rates`: likewise). What the cost-model
-    picker ranks by when nothing else counts."""
+    much as the first. Each TTFT is first charged `prefill_weight` times the request's own
+    prefill there, then `delay_weight` times its `delays` on the pod (`waits`: read only
+    when the weight is not 0), then `arrival_weight` times its `arrivals` there (`rates`:
+    likewise). What the cost-model picker ranks by when nothing else counts."""
     ttfts, prefills = affine_costs(bases, units, ends, cached, prompt_tokens, step_term, now)
+    if prefill_weight:
+        ttfts = [ttft + prefill_weight * own for ttft, own in zip(ttfts, prefills, strict=True)]
     if delay_weight:
         charged = delays(prefills, waits)
         ttfts = [ttft + delay_weight * delay for ttft, delay in zip(ttfts, charged, strict=True)]

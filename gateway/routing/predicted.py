@@ -202,13 +202,13 @@ class MinPredictedTtftPicker:
         repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         objectives = slo is not None or slo_tpot is not None
-        plain = not placing and not self.prefill_weight and not self.affinity_tolerance
+        plain = not placing and not self.affinity_tolerance
         if plain and not objectives:
-            # Only the TTFT (and the delays to others) counts: ranked and its near-ties
-            # ordered in one compiled pass.
+            # Only the TTFT (and the charges for the capacity and the delays to others)
+            # counts: ranked and its near-ties ordered in one compiled pass.
             order, _, equal = self._cost.rank_order(
                 pods, cached, request.prompt_tokens, names, self.tie_tolerance, self.delay_weight,
-                self.arrival_weight / 2.0,
+                self.arrival_weight / 2.0, self.prefill_weight,
             )  # fmt: skip
             probed = self._probed(order, names)
             if probed is not None:

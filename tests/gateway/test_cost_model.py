@@ -546,6 +546,41 @@ def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
         cost.finish(ticket)
 
 
+def test_prefill_weight_charges_the_capacity_a_cache_miss_burns() -> None:
+    """A later turn whose history one pod holds while another request's step runs there,
+    or an idle pod without it: by its own TTFT the turn goes to the idle pod; charged its
+    own prefill again (`prefill_weight`: the compute a miss burns is capacity every later
+    request loses), it stays with its history. The picker's one compiled pass charges as
+    the costs say."""
+    clock = Clock()
+    names = ("holder", "other")
+    table, system, cost = _system_prompt_on_the_holder(clock)
+    pods = [pod(name) for name in names]
+    later_turn = system + [10_000] * 4 * BLOCK
+    hashes = table.prefix_hashes(later_turn)
+    match = table.match(ModelContext(MODEL), hashes, list(names))
+    req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
+                         prompt_tokens=len(later_turn))  # fmt: skip
+    cached = cached_tokens(cost, BLOCK, match, list(names))
+    assert cached[0] == len(system) and cached[1] == 0.0
+    waiting = [cost.start(cost.predict("holder", 400, 0.0), streamed=True)]  # its step begun
+    ttfts, prefills = cost.rank_costs(pods, cached, len(later_turn))
+    assert ttfts[1] < ttfts[0] < ttfts[1] + prefills[1] - prefills[0]
+    ranked = {}
+    for weight in (0.0, 1.0):
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
+                                        tie_tolerance=0.0, prefill_weight=weight)  # fmt: skip
+        ranked[weight] = [state.name for state in picker.rank(req, pods, {})]
+        charged = {
+            name: ttft + weight * prefill
+            for name, ttft, prefill in zip(names, ttfts, prefills, strict=True)
+        }
+        assert ranked[weight] == sorted(charged, key=charged.__getitem__)
+    assert ranked == {0.0: ["other", "holder"], 1.0: ["holder", "other"]}
+    for ticket in waiting:
+        cost.finish(ticket)
+
+
 def test_arrival_weight_charges_what_a_prefill_costs_the_requests_arriving_during_it() -> None:
     """Two pods as fast as each other: one with a request waiting, one idle that was just
     sent a burst.

@@ -64,13 +64,16 @@ def test_lists_changed_while_read_are_refused(compiled: Kernels) -> None:
 
 def test_affine_order_is_the_pure_one(compiled: Kernels) -> None:
     """The ranking, its near-ties by cached tokens and the counts: as the pure twin, on
-    lists with many equal costs and equal cached lengths, with and without the delays to the
-    requests waiting on each pod and to those arriving there."""
+    lists with many equal costs and equal cached lengths, with and without the charges for
+    its own prefill and for the delays to the requests waiting on each pod and to those
+    arriving there."""
     rng = random.Random(13)
     for size in (0, 1, 2, 7, 64, 200):
         for tolerance in (0.0, 0.05, 0.5):
-            for weight, arrival_weight in ((0.0, 0.0), (1.0, 0.0), (2.5, 0.0), (0.0, 1.5),
-                                           (1.0, 0.5)):  # fmt: skip
+            for weight, arrival_weight, prefill_weight in (
+                (0.0, 0.0, 0.0), (1.0, 0.0, 0.0), (2.5, 0.0, 0.0), (0.0, 1.5, 0.0),
+                (1.0, 0.5, 0.0), (0.0, 0.0, 0.5), (2.0, 1.0, 0.5),
+            ):  # fmt: skip
                 bases = [float(rng.randrange(6)) / 8 for _ in range(size)]
                 units = [rng.choice((0.0, 1e-4)) for _ in range(size)]
                 ends = [rng.uniform(-1.0, 1.0) for _ in range(size)]
@@ -78,30 +81,35 @@ def test_affine_order_is_the_pure_one(compiled: Kernels) -> None:
                 waits = [float(rng.choice((0, 0, 1, 3))) for _ in range(size)]
                 rates = [rng.choice((0.0, 0.0, 2.5, 40.0)) for _ in range(size)]
                 args = (bases, units, ends, cached, 1024.0, rng.uniform(0.0, 1.0), 0.25,
-                        tolerance, waits, weight, rates, arrival_weight)  # fmt: skip
+                        tolerance, waits, weight, rates, arrival_weight,
+                        prefill_weight)  # fmt: skip
                 assert compiled.affine_order(*args) == kernels.affine_order(*args)
     # the two within 5 % of the best, the better cached first; both hold as much as each other
     order = kernels.affine_order([1.0, 0.5, 0.51, 2.0], [0.0] * 4, [0.0] * 4,
                                  [0.0, 16.0, 32.0, 0.0], 10.0, 0.0, 1.0, 0.05, [], 0.0, [],
-                                 0.0)  # fmt: skip
+                                 0.0, 0.0)  # fmt: skip
     assert order == ([2, 1, 0, 3], 2, 1)
     # charged the delay to the one request waiting on the second (its TTFT 0.5 + 10 tokens ×
     # 0.1 = 1.5, + 1 × 1.0 = 2.5): it goes last; without a weight the waits are not read.
     # Charged instead for the 2 requests a second reaching it during its 1 s prefill (+ 0.5 ×
     # 2 × 1.0²): last too; without an arrival weight the rates are not read.
     delayed = ([1.0, 0.5, 0.51, 2.0], [0.0, 0.1, 0.0, 0.0], [0.0] * 4, [0.0, 10.0, 0.0, 0.0],
-               20.0, 0.0, 1.0, 0.05, [0.0, 1.0, 0.0, 0.0], 1.0, [], 0.0)  # fmt: skip
-    arriving = (*delayed[:8], [], 0.0, [0.0, 2.0, 0.0, 0.0], 0.5)
+               20.0, 0.0, 1.0, 0.05, [0.0, 1.0, 0.0, 0.0], 1.0, [], 0.0, 0.0)  # fmt: skip
+    arriving = (*delayed[:8], [], 0.0, [0.0, 2.0, 0.0, 0.0], 0.5, 0.0)
+    # Charged its own 1 s prefill there once more (2.5 against the fourth's 2.0): last too.
+    burning = (*delayed[:8], [], 0.0, [], 0.0, 1.0)
     for kernel in (compiled.affine_order, kernels.affine_order):
         assert kernel(*delayed) == ([2, 0, 3, 1], 1, 1)
         assert kernel(*arriving) == ([2, 0, 3, 1], 1, 1)
-        assert kernel(*delayed[:8], [], 0.0, [], 0.0) == ([2, 0, 1, 3], 1, 1)
+        assert kernel(*burning) == ([2, 0, 3, 1], 1, 1)
+        assert kernel(*delayed[:8], [], 0.0, [], 0.0, 0.0) == ([2, 0, 1, 3], 1, 1)
+    one = ([1.0], [1.0], [1.0])
     with pytest.raises(ValueError, match="differ in length"):
-        compiled.affine_order([1.0], [1.0], [1.0], [], 1.0, 1.0, 0.0, 0.05, [], 0.0, [], 0.0)
+        compiled.affine_order(*one, [], 1.0, 1.0, 0.0, 0.05, [], 0.0, [], 0.0, 0.0)
     with pytest.raises(ValueError, match="waits differ in length"):
-        compiled.affine_order([1.0], [1.0], [1.0], [1.0], 1.0, 1.0, 0.0, 0.05, [], 1.0, [], 0.0)
+        compiled.affine_order(*one, [1.0], 1.0, 1.0, 0.0, 0.05, [], 1.0, [], 0.0, 0.0)
     with pytest.raises(ValueError, match="rates differ in length"):
-        compiled.affine_order([1.0], [1.0], [1.0], [1.0], 1.0, 1.0, 0.0, 0.05, [], 0.0, [], 1.0)
+        compiled.affine_order(*one, [1.0], 1.0, 1.0, 0.0, 0.05, [], 0.0, [], 1.0, 0.0)
 
 
 def _random_work(rng: random.Random, scraped_at: float | None) -> _PodWork:
