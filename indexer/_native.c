@@ -1876,9 +1876,9 @@ static int read_pod_list(PyObject *list, Py_ssize_t count, double *out, const ch
 }
 
 /* gateway.routing.kernels.affine_order: affine_costs' TTFTs (each charged `prefill_weight`
- * times its own prefill, `delay_weight`
- * times the requests waiting on that pod times its own prefill, and `arrival_weight` times
- * the pod's arrival rate times its own prefill squared, each when not 0), their
+ * times its own prefill, `delay_weight` times the requests waiting on that pod times its
+ * own prefill, and `arrival_weight` times the pod's arrival rate times its own prefill
+ * squared, each when not 0), their
  * argsort, and the pods within `tolerance` of the best (`ties`, at least one) moved into
  * descending order of cached tokens, stably; `equal`: how many of those hold as much as the
  * first. What the cost-model picker ranks by when nothing else counts, in one pass and

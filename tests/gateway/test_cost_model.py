@@ -546,6 +546,15 @@ def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
         cost.finish(ticket)
 
 
+def _ranking(
+    cost: CostModel, req: RoutingRequest, pods: list[PodState], **weights: float
+) -> list[str]:
+    """The picker's order of `pods` for `req` with `weights`: no probe, no near-ties."""
+    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
+                                    tie_tolerance=0.0, **weights)  # type: ignore[arg-type]  # fmt: skip
+    return [state.name for state in picker.rank(req, pods, {})]
+
+
 def test_prefill_weight_charges_the_capacity_a_cache_miss_burns() -> None:
     """A later turn whose history one pod holds while another request's step runs there,
     or an idle pod without it: by its own TTFT the turn goes to the idle pod; charged its
@@ -568,9 +577,7 @@ def test_prefill_weight_charges_the_capacity_a_cache_miss_burns() -> None:
     assert ttfts[1] < ttfts[0] < ttfts[1] + prefills[1] - prefills[0]
     ranked = {}
     for weight in (0.0, 1.0):
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
-                                        tie_tolerance=0.0, prefill_weight=weight)  # fmt: skip
-        ranked[weight] = [state.name for state in picker.rank(req, pods, {})]
+        ranked[weight] = _ranking(cost, req, pods, prefill_weight=weight)
         charged = {
             name: ttft + weight * prefill
             for name, ttft, prefill in zip(names, ttfts, prefills, strict=True)
@@ -603,9 +610,7 @@ def test_arrival_weight_charges_what_a_prefill_costs_the_requests_arriving_durin
     assert rates[0] == pytest.approx(1 / cost.params.activity_window_s, rel=0.05)
     ranked = {}
     for weight in (0.0, 1.0):
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
-                                        tie_tolerance=0.0, arrival_weight=weight)  # fmt: skip
-        ranked[weight] = [state.name for state in picker.rank(req, pods, {})]
+        ranked[weight] = _ranking(cost, req, pods, arrival_weight=weight)
         charged = {
             name: ttft + weight / 2 * rate * prefill**2
             for name, ttft, rate, prefill in zip(names, ttfts, rates, prefills, strict=True)
