@@ -57,7 +57,7 @@ def affine_order(
     delay_weight: float,
     rates: list[float],
     arrival_weight: float,
-    prefill_weight: float = 0.0,
+    prefill_weight: float,
 ) -> tuple[list[int], int, int]:
     """`affine_costs`' TTFTs ranked: (order, ties, equal). `order` is their `argsort`, but
     its first `ties` pods (those within `tolerance` of the best, at least one) in descending

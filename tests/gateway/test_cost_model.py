@@ -572,7 +572,7 @@ def test_prefill_weight_charges_the_capacity_a_cache_miss_burns() -> None:
                          prompt_tokens=len(later_turn))  # fmt: skip
     cached = cached_tokens(cost, BLOCK, match, list(names))
     assert cached[0] == len(system) and cached[1] == 0.0
-    waiting = [cost.start(cost.predict("holder", 400, 0.0), streamed=True)]  # its step begun
+    stepping = cost.start(cost.predict("holder", 400, 0.0), streamed=True)  # its step begun
     ttfts, prefills = cost.rank_costs(pods, cached, len(later_turn))
     assert ttfts[1] < ttfts[0] < ttfts[1] + prefills[1] - prefills[0]
     ranked = {}
@@ -584,8 +584,7 @@ def test_prefill_weight_charges_the_capacity_a_cache_miss_burns() -> None:
         }
         assert ranked[weight] == sorted(charged, key=charged.__getitem__)
     assert ranked == {0.0: ["other", "holder"], 1.0: ["holder", "other"]}
-    for ticket in waiting:
-        cost.finish(ticket)
+    cost.finish(stepping)
 
 
 def test_arrival_weight_charges_what_a_prefill_costs_the_requests_arriving_during_it() -> None:
