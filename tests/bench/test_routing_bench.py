@@ -487,3 +487,21 @@ def test_unknown_routers_and_bad_routing_configs_are_refused_before_anything_sta
     assert out.returncode == 2, out.stdout + out.stderr
     assert says in out.stdout and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_vip_bar_is_also_checked_against_prefix_share_in_the_same_run() -> None:
+    """The 266 ms bar is prefix-share's VIP p90 under the open loop at 80 %: beside it, the
+    same policy under this run's load."""
+
+    def vip_run(router: str, vip_p90: float) -> RunResult:
+        run = dataclasses.replace(_result(router, 600.0), workload="vip-flood")
+        return dataclasses.replace(run, by_tag={"vip": {"requests": 10, "ttft_p90": vip_p90}})
+
+    lines = check_targets([vip_run("prefix-cache", 280.0), vip_run("prefix-share", 590.0)])
+    assert "  ✗ VIP TTFT p90 no worse than before (266 ms): 280 ms" in lines
+    assert "  ✓ VIP TTFT p90 no worse than prefix-share's here: 280 vs 590 ms" in lines
+    lines = check_targets([vip_run("prefix-cache", 250.0), vip_run("prefix-share", 240.0)])
+    assert "  ✗ VIP TTFT p90 no worse than prefix-share's here: 250 vs 240 ms" in lines
+    assert not any(
+        "prefix-share's here" in line for line in check_targets([vip_run("prefix-cache", 250.0)])
+    )
