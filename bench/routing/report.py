@@ -113,11 +113,11 @@ def check_targets(results: Sequence[RunResult]) -> list[str]:
         vip = best.by_tag["vip"]["ttft_p90"]
         lines.append(_mark(vip <= VIP_P90_BEFORE_MS, "VIP TTFT p90 no worse than before (266 ms)",
                            f"{vip:,.0f} ms"))  # fmt: skip
-        share = by.get("prefix-share")
-        if share is not None and "vip" in share.by_tag:
+        earlier = by.get("prefix-share")
+        if earlier is not None and "vip" in earlier.by_tag:
             # 266 ms was prefix-share's in open loop at 80 %; under another load (a closed
             # loop near saturation) "no worse than before" is against it in the same run.
-            before = share.by_tag["vip"]["ttft_p90"]
+            before = earlier.by_tag["vip"]["ttft_p90"]
             lines.append(_mark(vip <= before, "VIP TTFT p90 no worse than prefix-share's here",
                                f"{vip:,.0f} vs {before:,.0f} ms"))  # fmt: skip
     if workload == "hetero" and "prefix-share" in by:
