@@ -49,9 +49,11 @@ class LatencyModel:
         *,
         host_tokens: int = 0,
         disk_tokens: int = 0,
+        overhead: bool = True,
     ) -> float:
         """Model time to prefill `new_tokens` after `cached_tokens` (of which some were
-        loaded back from the host or from disk)."""
+        loaded back from the host or from disk); `overhead`: with the per-request overhead
+        (a chunked prefill's later chunks come without it)."""
         total = cached_tokens + new_tokens
         attention = self.prefill_us_per_token_sq * (total * total - cached_tokens * cached_tokens)
         micros = (
@@ -60,7 +62,7 @@ class LatencyModel:
             + self.host_load_us_per_token * host_tokens
             + self.disk_load_us_per_token * disk_tokens
         )
-        return self.request_overhead_ms / 1e3 + micros / 1e6
+        return (self.request_overhead_ms / 1e3 if overhead else 0.0) + micros / 1e6
 
     def decode_step_seconds(self, batch_size: int) -> float:
         """Model time of one decode step producing one token for each of `batch_size` requests."""

@@ -8,6 +8,14 @@ to wall time. At the end of the step admitted requests emit their first token an
 their prompt blocks, running requests emit one token each (storing blocks they fill), and
 the step's cache events are handed to `on_step_end` as one batch.
 
+Chunked prefill, as vLLM's: a prompt whose uncached tokens exceed the whole budget of a
+step is prefilled over several steps, a budget's worth at a time (after the decode
+tokens of the running requests, which keep getting one token per step), and nothing else
+is admitted while it runs; each chunk costs its tokens plus their attention over every
+token before them, so the chunks together cost what the prompt costs in one piece. Its
+full blocks are stored as each chunk completes, and its first token leaves at the end of
+the step that completes its prefill.
+
 Safety net (SGLang's): when nothing runs and the head request cannot be admitted because
 pins hold the cache, every pin is dropped, a warning is logged and `auto_unpins` counts it.
 """
@@ -44,6 +52,8 @@ class SimRequest:
     generated: list[int] = field(default_factory=list)
     alloc: Allocation | None = None
     cached_tokens: int = 0
+    prefilled: int = 0
+    """Prompt tokens computed or found cached so far (a chunked prefill's progress)."""
     first_token_at: float | None = None
     finished: bool = False
     aborted: bool = False
@@ -139,10 +149,23 @@ class Scheduler:
         """One engine step; returns whether any request was admitted or produced a token."""
         self._wake.clear()
         self._drop_aborted()
-        decoding = list(self.running)
-        admitted = self._admit()
-        model_time = sum(self.prefill_cost(r, r.alloc) for r in admitted if r.alloc)
-        model_time += self.latency.decode_step_seconds(len(decoding))
+        decoding = [r for r in self.running if r.prefilled == len(r.prompt)]
+        chunked = next((r for r in self.running if r.prefilled < len(r.prompt)), None)
+        budget = self.max_batched_tokens - len(decoding)
+        model_time = self.latency.decode_step_seconds(len(decoding))
+        if chunked is not None:  # a long prefill goes on, and takes the step's budget
+            model_time += self._prefill_chunk(chunked, budget)
+            admitted = [chunked]
+        else:
+            admitted = self._admit(budget)
+            for index, request in enumerate(admitted):
+                if request.alloc is None:
+                    continue
+                if index == 0 and self._uncached(request) > budget:
+                    model_time += self._prefill_chunk(request, budget)
+                else:
+                    request.prefilled = len(request.prompt)
+                    model_time += self.prefill_cost(request, request.alloc)
         delay = self.latency.to_wall(model_time) + self._extra_delay()
         await self._sleep(delay)
         self.stats.steps += 1
@@ -150,19 +173,41 @@ class Scheduler:
             if request.killed:  # the engine restarted during its prefill: nothing was kept
                 continue
             if request.alloc is not None:
-                self.cache.commit(request.alloc, request.prompt)
-            self._emit_token(request)
+                self.cache.commit(request.alloc, request.prompt[: request.prefilled])
+            if request.prefilled == len(request.prompt):
+                self._emit_token(request)
         for request in decoding:
             if not request.aborted:
                 self._emit_token(request)
         await self._on_step_end()
         return bool(admitted or decoding)
 
-    def _admit(self) -> list[SimRequest]:
+    def _prefill_chunk(self, request: SimRequest, budget: int) -> float:
+        """Prefill the next `budget` tokens of `request` (at least one); its model time:
+        those tokens and their attention over all before them, plus the request's overhead
+        and the load of its offloaded cached blocks with the first chunk."""
+        start = request.prefilled
+        first = start == 0
+        if first:
+            start = request.cached_tokens
+        end = min(len(request.prompt), start + max(1, budget))
+        request.prefilled = end
+        if first and request.alloc is not None:
+            size = self.cache.block_size
+            return self.latency.prefill_seconds(
+                end - start,
+                start,
+                host_tokens=request.alloc.hits[Tier.CPU] * size,
+                disk_tokens=request.alloc.hits[Tier.STORAGE] * size,
+            )
+        return self.latency.prefill_seconds(end - start, start, overhead=False)
+
+    def _admit(self, budget: int) -> list[SimRequest]:
+        """Waiting requests admitted in this step, within `budget` tokens (what is left of
+        vLLM's token budget after each running request's decode token): each admitted
+        prompt counts the tokens it must compute (its uncached part: prefix-cache hits are
+        free). The first may exceed it: it is then prefilled in chunks, alone."""
         admitted: list[SimRequest] = []
-        # vLLM's token budget: each running request's decode token first, then the tokens
-        # each admitted prompt must compute (its uncached part: prefix-cache hits are free).
-        budget = self.max_batched_tokens - len(self.running)
         while self.waiting and len(self.running) < self.max_batch:
             request = self.waiting[0]
             if request.aborted:
@@ -194,6 +239,10 @@ class Scheduler:
             self.running.append(request)
             admitted.append(request)
         return admitted
+
+    def _uncached(self, request: SimRequest) -> int:
+        """The tokens an admitted request's prefill computes (its cached prefix is free)."""
+        return len(request.prompt) - request.cached_tokens
 
     def _uncached_tokens(self, request: SimRequest) -> int:
         """The tokens `request`'s prefill would compute now: its prompt less the prefix

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from simulator import LatencyModel, PagedPrefixCache, RecordingSink, Tier
 from simulator.block_hash import BlockHasher
 from simulator.scheduler import Scheduler, SimRequest
@@ -133,3 +135,43 @@ async def test_every_reference_is_released() -> None:
     assert all(r.finished for r in requests)
     assert scheduler.cache.reserved == 0
     assert all(b.ref_count == 0 for b in scheduler.cache.resident(Tier.GPU))
+
+
+async def test_a_prompt_beyond_the_step_budget_is_prefilled_in_chunks_while_others_decode() -> None:
+    """vLLM's chunked prefill: a prompt whose uncached tokens exceed a step's budget is
+    computed a budget at a time after the running requests' decode tokens, its full blocks
+    stored as each chunk completes; its first token leaves with the last chunk, and the
+    chunks cost what the prompt costs in one piece (plus the decode steps they share)."""
+    scheduler, time = make_scheduler(max_batched_tokens=1024)
+    decoder = request("decoder", list(range(100)), max_tokens=50)
+    scheduler.submit(decoder)
+    await scheduler.step()
+    long = request("long", list(range(5000, 8000)))
+    short = request("short", list(range(9000, 9100)))
+    scheduler.submit(long)
+    scheduler.submit(short)
+    started, tokens_before = time.now, len(decoder.generated)
+    await scheduler.step()
+    assert long.prefilled == 1023  # the budget less the decoder's token
+    assert len(scheduler.cache.match(long.prompt)) == 1023 // 16  # first chunk's full blocks
+    assert long.first_token_at is None and short.alloc is None  # nothing joins a long prefill
+    steps = 1
+    while long.first_token_at is None:
+        await scheduler.step()
+        steps += 1
+    assert steps == 3  # 1023 + 1023 + 954 tokens
+    assert len(decoder.generated) - tokens_before == 3  # the stream kept its pace
+    decode = scheduler.latency.decode_step_seconds(1)
+    whole = scheduler.latency.prefill_seconds(3000)
+    assert long.first_token_at - started == pytest.approx(whole + 3 * decode)
+    await drain(scheduler)
+    assert short.first_token_at is not None and short.first_token_at > long.first_token_at
+    assert scheduler.cache.reserved == 0
+
+
+async def test_a_prompt_within_the_budget_is_prefilled_in_one_step() -> None:
+    scheduler, _ = make_scheduler(max_batched_tokens=4096)
+    whole = request("whole", list(range(3000)))
+    scheduler.submit(whole)
+    await scheduler.step()
+    assert whole.prefilled == 3000 and whole.first_token_at is not None
