@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 from bench.results_io import RESULTS_DIR
+from bench.routing.fleet import TRACE_WALL_RATE, WALL_RATE
 from bench.routing.routers import BASELINES, KVGATE_POLICIES, PEERS
+from bench.routing.trace import TraceError, TraceSpec, load_trace
 from bench.routing.workloads import WORKLOADS, WorkloadSize
 
 DEFAULT_ROUTERS = (
@@ -61,6 +63,16 @@ def _replicas(raw: str) -> list[tuple[int, bool]]:
     return values
 
 
+def _window(raw: str) -> tuple[float, float]:
+    try:
+        start, end = (float(part) for part in raw.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("START:END in seconds, e.g. 600:960") from None
+    if not 0 <= start < end:
+        raise argparse.ArgumentTypeError("0 <= START < END")
+    return start, end
+
+
 def _floats(raw: str) -> list[float]:
     try:
         values = [float(v) for v in raw.split(",") if v.strip()]
@@ -76,8 +88,39 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add(
         "--workloads",
         type=_names(WORKLOADS),
-        default=["chat", "unique"],
-        help=f"comma-separated, of {', '.join(WORKLOADS)} (default chat,unique)",
+        default=None,
+        help=f"comma-separated, of {', '.join(WORKLOADS)} (default chat,unique; none with --trace)",
+    )
+    add(
+        "--trace",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="replay a Mooncake request trace (JSONL: timestamp, input_length, output_length, "
+        "hash_ids) as the workload trace:<file stem>, its prefixes exact and its arrivals "
+        "in their recorded rhythm at --load; repeatable (docs/benchmarks.md)",
+    )
+    add(
+        "--trace-window",
+        type=_window,
+        default=None,
+        metavar="START:END",
+        help="replay the requests of this slice of each trace, in seconds of trace time",
+    )
+    add(
+        "--trace-max-output",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap each replayed answer at N tokens",
+    )
+    add(
+        "--trace-speed",
+        type=float,
+        default=None,
+        metavar="X",
+        help="replay traces X times faster than recorded instead of at --load",
     )
     add(
         "--routers",
@@ -152,8 +195,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add(
         "--wall-rate",
         type=float,
-        default=40.0,
-        help="requests per wall second at 100%% load when --time-scale is not given (40)",
+        default=None,
+        help="requests per wall second at 100%% load when --time-scale is not given "
+        f"(default {WALL_RATE:g}; {TRACE_WALL_RATE:g} for a trace, whose long prompts cost "
+        "more CPU each)",
     )
     add("--seed", type=int, default=0, help="workload seed (same seed, same requests)")
     add(
@@ -208,12 +253,23 @@ def run(args: argparse.Namespace) -> int:
         "--conversations": args.conversations is not None and args.conversations < 1,
         "--turns": args.turns is not None and args.turns < 1,
         "--time-scale": args.time_scale is not None and args.time_scale <= 0,
-        "--wall-rate": args.wall_rate <= 0,
+        "--wall-rate": args.wall_rate is not None and args.wall_rate <= 0,
         "--repeat": args.repeat < 1,
+        "--trace-max-output": args.trace_max_output is not None and args.trace_max_output < 1,
+        "--trace-speed": args.trace_speed is not None and args.trace_speed <= 0,
     }
     bad = [name for name, wrong in checks.items() if wrong]
     if bad:
         print(f"kvgate bench routing: invalid value for {', '.join(bad)}")
+        return 2
+    try:
+        traces = _traces(args)
+    except (OSError, TraceError) as error:
+        print(f"kvgate bench routing: --trace: {error}")
+        return 2
+    if traces and args.closed:
+        print("kvgate bench routing: --trace replays the trace's arrivals (open loop); "
+              "--closed does not apply")  # fmt: skip
         return 2
     config_profiles: tuple[str, ...] = ()
     if args.routing_config is not None:
@@ -245,10 +301,13 @@ def run(args: argparse.Namespace) -> int:
             turns=args.turns or default.turns,
         )
     routers = list(args.routers) + [p for p in PEERS if args.peers and p not in args.routers]
+    workloads = args.workloads or ([] if traces else ["chat", "unique"])
     loads = args.loads or (list(SWEEP_LOADS) if args.sweep else [args.load])
     run_name = args.run or ("sweep" if args.sweep else time.strftime("%Y%m%d-%H%M%S"))
     options = RoutingOptions(
-        workloads=list(args.workloads),
+        workloads=[*workloads, *(trace.name for trace in traces)],
+        traces=tuple(traces),
+        trace_speed=args.trace_speed,
         routers=routers,
         engines=args.engines,
         replicas=list(args.replicas),
@@ -271,3 +330,15 @@ def run(args: argparse.Namespace) -> int:
         config_profiles=config_profiles,
     )
     return run_routing(options)
+
+
+def _traces(args: argparse.Namespace) -> list[TraceSpec]:
+    """The --trace files, each read once here so that a bad one stops the run at once."""
+    specs = [TraceSpec(str(path), args.trace_window, args.trace_max_output)
+             for path in args.trace]  # fmt: skip
+    names = [spec.name for spec in specs]
+    if len(set(names)) < len(names):
+        raise TraceError(f"two traces of one name ({', '.join(names)}): rename a file")
+    for spec in specs:
+        load_trace(spec)
+    return specs

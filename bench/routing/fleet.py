@@ -6,20 +6,41 @@ conversation goes matters (never less than two of the largest requests). Capacit
 the rate the fleet could serve if every request found its reusable prefix cached, from the
 simulator's own latency model; `--load 0.8` is 80 % of it, so a router that loses the
 cache needs more engine time per request and saturates earlier.
+
+A replayed trace's working set is far beyond any fleet's memory, so its engines are sized
+as real ones are instead: each holds what the calibrated model's KV cache gets on one
+80 GB GPU (`TRACE_KV_TOKENS`), and its ideal capacity counts as cached only what one
+least-recently-used cache of the whole fleet's size would hold (the best a router could
+keep), not the trace's unbounded reuse.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.harness.fleet import SimOptions, SimProcess
 from bench.routing.script import Script
+from bench.routing.trace import TRACE_BLOCK_TOKENS, TraceRequest, cached_tokens, reused_blocks
 from simulator.latency import LatencyModel
 
 BLOCK_SIZE = 16
+WALL_RATE = 40.0
+"""Requests per wall second at 100 % load, unless a run sets its time scale: what the
+machine's cores carry beside the engines' and routers' own work."""
+TRACE_WALL_RATE = 6.0
+"""The same for a replayed trace, whose prompts are ten times longer (more CPU each to
+tokenize, hash and relay)."""
+TEMPLATE_MARGIN = 64
+"""Context a trace's engines allow beyond its longest request: the chat template's tokens."""
+TRACE_KV_TOKENS = 320_000
+"""KV cache tokens per engine for a replayed trace: the latency calibration's model
+(Qwen3-14B: 40 layers × 8 KV heads × 128 dims × K and V × 2 bytes = 160 KiB a token) on one
+80 GB GPU at vLLM's default `gpu_memory_utilization` of 0.9 (72 GB), less ~16 GB of FP8
+weights and ~4 GB of activations: ~52 GB, ~320 k tokens."""
 SIM_TOPIC = "kv-events"
 """`kvgate sim --topic`'s default."""
 
@@ -36,6 +57,8 @@ class FleetPlan:
     block_hash: str = "sim"
     """`kvgate sim --block-hash`: the simulator's own scheme, or vLLM's `sha256_cbor`."""
     topic: str = SIM_TOPIC
+    max_model_len: int = 32768
+    """The engines' context length: a longer request is refused, as vLLM refuses it."""
 
     def vllm_like(self) -> FleetPlan:
         """Engines that publish exactly as a vLLM started with PYTHONHASHSEED=0 and default
@@ -95,6 +118,30 @@ def plan_fleet(
     )
 
 
+def plan_trace_fleet(
+    requests: Sequence[TraceRequest], engines: int, time_scale: float, *, max_batch: int = 32
+) -> FleetPlan:
+    """Engines as real ones for a trace: `TRACE_KV_TOKENS` each, a context length that
+    admits its longest request."""
+    longest = max(r.input_length + r.output_length for r in requests) + TEMPLATE_MARGIN
+    blocks = TRACE_KV_TOKENS // BLOCK_SIZE
+    return FleetPlan(engines, blocks, time_scale, max_batch, max_model_len=longest)
+
+
+def trace_service_seconds(requests: Sequence[TraceRequest], plan: FleetPlan) -> float:
+    """Mean model seconds of engine time per request when every prefix that one LRU cache
+    of the whole fleet's size would hold is cached (the best any router can do)."""
+    latency = plan.latency
+    fleet_blocks = plan.engines * plan.gpu_blocks * BLOCK_SIZE // TRACE_BLOCK_TOKENS
+    decode_per_token = latency.decode_ms_per_token / plan.max_batch + latency.decode_ms_per_seq
+    total = 0.0
+    for request, reused in zip(requests, reused_blocks(requests, fleet_blocks), strict=True):
+        cached = cached_tokens(request, reused, BLOCK_SIZE)
+        total += latency.prefill_seconds(request.input_length - cached, cached)
+        total += request.output_length * decode_per_token / 1e3
+    return total / len(requests)
+
+
 def ideal_service_seconds(script: Script, plan: FleetPlan, index: int = 0) -> float:
     """Mean model seconds of engine `index`'s time per request when every reusable prefix
     is cached."""
@@ -123,8 +170,8 @@ def engine_processes(plan: FleetPlan, log_dir: Path, seed: int) -> list[SimProce
     """`plan.engines` engine processes, each with its own name, seed and latency model."""
     return [
         SimProcess(
-            SimOptions(plan.gpu_blocks, plan.time_scale, plan.max_batch, seed=seed + index,
-                       extra=tuple(plan.sim_args(index))),
+            SimOptions(plan.gpu_blocks, plan.time_scale, plan.max_batch, plan.max_model_len,
+                       seed=seed + index, extra=tuple(plan.sim_args(index))),
             log_dir / f"engine-{index}.log",
             fleet=1,
             name=f"e{index}",

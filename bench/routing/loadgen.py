@@ -22,7 +22,8 @@ import httpx
 
 from bench.harness.streaming import RequestRecord, post_chat
 from bench.routing.script import Conversation, Script, schedule
-from bench.routing.workloads import WorkloadSize, build
+from bench.routing.trace import TraceSpec
+from bench.routing.workloads import WorkloadSize, script_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +47,27 @@ class LoadSpec:
     (an L7 balancer in front of their Service); empty: all to `router_url`."""
     slo_tpot_ms: float | None = None
     """Each request's `x-slo-tpot-ms`, in model ms (sent in wall ms)."""
+    trace: TraceSpec | None = None
+    """A replayed trace: the workload's requests."""
+    vocabulary: tuple[str, ...] | None = None
+    """The single-token words a trace's prompts are written in (None: the simulator's)."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["trace"] = None if self.trace is None else self.trace.to_json()
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LoadSpec:
         replicas = tuple(data.get("replica_urls", ()))
-        return cls(**{**data, "size": WorkloadSize(**data["size"]), "replica_urls": replicas})
+        trace = data.get("trace")
+        vocabulary = data.get("vocabulary")
+        return cls(**{**data, "size": WorkloadSize(**data["size"]), "replica_urls": replicas,
+                      "trace": None if trace is None else TraceSpec.from_json(trace),
+                      "vocabulary": None if vocabulary is None else tuple(vocabulary)})  # fmt: skip
+
+    def script(self) -> Script:
+        return script_of(self.workload, self.size, self.seed, self.trace, self.vocabulary)
 
     def urls(self) -> RouterUrls:
         return RouterUrls(self.replica_urls or (self.router_url,))
@@ -107,7 +121,7 @@ async def send(
     turn = conversation.turns[index]
     body = {
         "model": spec.model,
-        "messages": list(turn.messages),
+        "messages": turn.request_messages(),
         "max_tokens": turn.max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -208,7 +222,7 @@ async def _drive(
 def main(argv: list[str]) -> int:
     spec_path, out_path = Path(argv[0]), Path(argv[1])
     spec = LoadSpec.from_json(json.loads(spec_path.read_text()))
-    script = build(spec.workload, spec.size, spec.seed)
+    script = spec.script()
     import uvloop
 
     records = uvloop.run(run(spec, script))

@@ -59,6 +59,8 @@ def format_table(results: Sequence[RunResult]) -> str:
 def title(first: RunResult) -> str:
     load = "closed loop" if first.load is None else f"load {first.load:.0%} of ideal capacity"
     rate = f", {first.rate_rps:.1f} req/s offered" if first.rate_rps else ""
+    if first.trace_speed is not None:
+        rate += f" (the trace at {first.trace_speed:.2f}× its recorded pace)"
     return f"workload {first.workload}, {load}{rate} (latencies in model ms)"
 
 

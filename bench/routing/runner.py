@@ -38,7 +38,16 @@ from bench.routing.failover import (
     kill_and_replace,
     sync_cpu_share,
 )
-from bench.routing.fleet import FleetPlan, capacity_rps, engine_processes, plan_fleet
+from bench.routing.fleet import (
+    TRACE_WALL_RATE,
+    WALL_RATE,
+    FleetPlan,
+    capacity_rps,
+    engine_processes,
+    plan_fleet,
+    plan_trace_fleet,
+    trace_service_seconds,
+)
 from bench.routing.loadgen import LoadSpec
 from bench.routing.report import (
     check_targets,
@@ -48,9 +57,10 @@ from bench.routing.report import (
     title,
 )
 from bench.routing.routers import KVGATE_POLICIES, make_router, needs_vllm_like_engines
-from bench.routing.script import Script
+from bench.routing.script import Script, trace_speed
 from bench.routing.summary import RunResult, median_of, spread_of, summarize
-from bench.routing.workloads import WorkloadSize, build, slowdown
+from bench.routing.trace import TraceSpec, describe, load_trace
+from bench.routing.workloads import WorkloadSize, script_of, slowdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +78,9 @@ class RoutingOptions:
     second (the machine's budget), whatever the workload's request sizes."""
     seed: int
     out_dir: Path
-    wall_rate: float = 40.0
+    wall_rate: float | None = None
+    """Requests per wall second at 100 % load when `time_scale` is None (None: `WALL_RATE`,
+    `TRACE_WALL_RATE` for a trace, whose long prompts cost more CPU each)."""
     slack: float = 1.5
     quiet: bool = False
     replicas: list[tuple[int, bool]] = dataclasses.field(default_factory=lambda: [(1, False)])
@@ -96,6 +108,14 @@ class RoutingOptions:
     (`KVGATE_ROUTING_CONFIG`); the run folder keeps a copy."""
     config_profiles: tuple[str, ...] = ()
     """The profiles `routing_config` declares: kvgate routers too."""
+    traces: tuple[TraceSpec, ...] = ()
+    """Replayed traces; each is a workload named `trace:<file stem>` in `workloads`."""
+    trace_speed: float | None = None
+    """Replay every trace this many times faster than recorded instead of at `loads`."""
+
+    def trace(self, workload: str) -> TraceSpec | None:
+        """The trace workload `workload` replays, if it is one."""
+        return next((t for t in self.traces if t.name == workload), None)
 
     @property
     def kvgate_routers(self) -> tuple[str, ...]:
@@ -136,29 +156,21 @@ async def _main(options: RoutingOptions) -> int:
     logs = options.out_dir / "logs"
     async with httpx.AsyncClient(timeout=10.0) as client:
         for workload in options.workloads:
-            script = build(workload, options.size, options.seed)
-            plan = plan_fleet(
-                script, options.engines, 1.0, slack=options.slack, slowdown=slowdown(workload)
-            )
-            capacity = capacity_rps(script, plan)
-            scale = options.time_scale or options.wall_rate / capacity
-            plan = dataclasses.replace(plan, time_scale=scale)
-            if needs_vllm_like_engines(options.routers):
-                plan = plan.vllm_like()
-            plans[workload] = _describe(script, plan, capacity)
+            script, plan, capacity, described = _prepare(options, workload)
+            plans[workload] = described
             ramp = ramp_for(options, capacity)
             if options.mode == "closed":
                 plans[workload]["closed_ramp_s"] = ramp
             _say(options, _intro(script, plan, capacity))
-            engines = engine_processes(plan, logs / workload, options.seed)
+            engines = engine_processes(plan, logs / _folder(workload), options.seed)
             try:
                 await start_all(engines, rng)
                 endpoints = endpoints_of(engines)
                 await warm_up(client, endpoints)  # every router then finds them warm
-                pods = write_pods_file(logs / workload / "pods.json", endpoints, plan.topic)
-                points = options.loads if options.mode == "open" else [None]
-                for load in points:
-                    rate = (load or 0.0) * capacity
+                pods = write_pods_file(
+                    logs / _folder(workload) / "pods.json", endpoints, plan.topic
+                )
+                for load, rate in _points(options, script, capacity):
                     rounds: list[list[RunResult]] = []
                     for round_index in range(options.repeat):
                         order = _runs(options)
@@ -213,6 +225,52 @@ async def _main(options: RoutingOptions) -> int:
     # Requests lost with a replica killed on purpose are that experiment's figure.
     unexpected = [r.errors - r.replica_kill.get("lost_on_killed", 0) for r in results]
     return 1 if any(unexpected) else 0
+
+
+def _prepare(
+    options: RoutingOptions, workload: str
+) -> tuple[Script, FleetPlan, float, dict[str, Any]]:
+    """Workload `workload`'s script, the fleet that serves it (at its time scale), the
+    fleet's ideal capacity (requests per model second) and what the report says of them."""
+    trace = options.trace(workload)
+    script = script_of(workload, options.size, options.seed, trace)
+    if trace is not None:
+        requests = load_trace(trace)
+        plan = plan_trace_fleet(requests, options.engines, 1.0)
+        capacity = plan.engines / trace_service_seconds(requests, plan)
+    else:
+        plan = plan_fleet(
+            script, options.engines, 1.0, slack=options.slack, slowdown=slowdown(workload)
+        )
+        capacity = capacity_rps(script, plan)
+    wall_rate = options.wall_rate or (TRACE_WALL_RATE if trace is not None else WALL_RATE)
+    scale = options.time_scale or wall_rate / capacity
+    plan = dataclasses.replace(plan, time_scale=scale)
+    if needs_vllm_like_engines(options.routers):
+        plan = plan.vllm_like()
+    described = _describe(script, plan, capacity)
+    if trace is not None:
+        described["trace"] = {**trace.to_json(), **describe(requests),
+                              "natural_rate_rps": script.natural_rate}  # fmt: skip
+    return script, plan, capacity, described
+
+
+def _points(
+    options: RoutingOptions, script: Script, capacity: float
+) -> list[tuple[float | None, float]]:
+    """(load, offered requests per model second) of each point of the run: a trace
+    replayed at `--trace-speed` is one point, its load what that speed offers."""
+    if options.mode == "closed":
+        return [(None, 0.0)]
+    if script.arrivals and options.trace_speed is not None:
+        rate = options.trace_speed * script.natural_rate
+        return [(rate / capacity, rate)]
+    return [(load, load * capacity) for load in options.loads]
+
+
+def _folder(workload: str) -> str:
+    """A workload's folder name (`trace:x` is `trace-x`: no colon in a path)."""
+    return workload.replace(":", "-")
 
 
 def _report(point: list[RunResult], heading: str) -> None:
@@ -284,7 +342,7 @@ async def _run_one(
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     endpoints = endpoints_of(engines)
     await reset_prefix_caches(client, [e.url for e in endpoints])
-    logs = options.out_dir / "logs" / script.name
+    logs = options.out_dir / "logs" / _folder(script.name)
     routers = [
         make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,
                     replica=index if replicas > 1 else None, time_scale=plan.time_scale,
@@ -323,6 +381,7 @@ async def _run_one(
             time_scale=plan.time_scale,
             ramp_s=ramp_s,
             slo_tpot_ms=options.slo_tpot_ms if options.send_slo else None,
+            trace=options.trace(script.name),
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""
@@ -359,6 +418,7 @@ async def _run_one(
         engines=deltas(after, before),
         time_scale=plan.time_scale,
         slo_tpot_ms=options.slo_tpot_ms,
+        trace_speed=trace_speed(script, rate) if script.arrivals else None,
     )
     answered = max(1, result.requests - result.errors)
     result = dataclasses.replace(
@@ -420,15 +480,17 @@ def _cpu_of(processes: Sequence[ChildProcess]) -> float:
 
 
 def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any]:
+    working = script.working_set_tokens()
     return {
         "requests": script.requests,
         "conversations": len(script.conversations),
-        "working_set_tokens": script.working_set_tokens(),
+        "working_set_tokens": working,
         "engines": plan.engines,
         "gpu_blocks_per_engine": plan.gpu_blocks,
-        "engine_share_of_working_set": plan.gpu_blocks * 16 / script.working_set_tokens(),
+        "engine_share_of_working_set": plan.gpu_blocks * 16 / working,
         "time_scale": plan.time_scale,
         "max_batch": plan.max_batch,
+        "max_model_len": plan.max_model_len,
         "block_hash": plan.block_hash,
         "topic": plan.topic,
         "latency": dataclasses.asdict(plan.latency),
@@ -440,9 +502,14 @@ def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any
 
 def _intro(script: Script, plan: FleetPlan, capacity: float) -> str:
     working = script.working_set_tokens()
+    what = (
+        f"{script.requests} requests over {script.arrivals[-1] - script.arrivals[0]:,.0f} s "
+        f"({script.natural_rate:.2f} req/s)"
+        if script.arrivals
+        else f"{script.requests} requests in {len(script.conversations)} conversations"
+    )
     return (
-        f"\n== workload {script.name}: {script.requests} requests in "
-        f"{len(script.conversations)} conversations, working set {working:,} tokens; "
+        f"\n== workload {script.name}: {what}, working set {working:,} tokens; "
         f"{plan.engines} engines × {plan.gpu_blocks} blocks "
         f"({plan.gpu_blocks * 16 / working:.0%} of it each), time scale {plan.time_scale:g}, "
         f"ideal capacity {capacity:.1f} req/s (model time)"

@@ -19,13 +19,22 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 # Template tokens around each message (`<|role|>`, newline, `<|end|>`, newline).
 MESSAGE_OVERHEAD_TOKENS = 4
 
 Message = dict[str, Any]
 """An OpenAI chat message: role and content, and an agent's tool calls and their ids."""
+
+
+class LazyPrompt(Protocol):
+    """A prompt rendered only when it is sent (a trace's), with its size known before."""
+
+    @property
+    def tokens(self) -> int: ...
+
+    def messages(self) -> tuple[Message, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +44,18 @@ class ScriptTurn:
     max_tokens: int
     think_s: float
     """Model seconds the client waits after this turn's answer before its next turn."""
+    prompt: LazyPrompt | None = None
+    """Instead of `messages`: a prompt rendered when sent."""
 
     def prompt_tokens(self) -> int:
         """Estimated prompt tokens (one per word, as the simulated tokenizer counts them)."""
+        if self.prompt is not None:
+            return self.prompt.tokens
         return sum(_tokens(m["content"]) for m in self.messages)
+
+    def request_messages(self) -> list[Message]:
+        """The messages to send."""
+        return list(self.prompt.messages() if self.prompt is not None else self.messages)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +75,12 @@ class Script:
     shared_prefixes: dict[str, int]
     """Tokens of each shared prefix (counted once in the working set)."""
     seed: int
+    arrivals: tuple[float, ...] = ()
+    """A replayed trace's: each conversation's send time (model seconds at the trace's own
+    pace); empty: conversations start at Poisson times (`schedule`)."""
+    trace_blocks: int = 0
+    """A replayed trace's distinct prompt blocks, of `trace_block_tokens` each."""
+    trace_block_tokens: int = 0
 
     @property
     def requests(self) -> int:
@@ -68,7 +91,10 @@ class Script:
 
     def working_set_tokens(self) -> int:
         """KV tokens to hold every conversation's whole context at once: each shared
-        prefix once, plus every conversation's own part (its last prompt and answer)."""
+        prefix once, plus every conversation's own part (its last prompt and answer); a
+        trace's distinct prompt blocks."""
+        if self.trace_blocks:
+            return self.trace_blocks * self.trace_block_tokens
         total = sum(self.shared_prefixes.values())
         for conversation in self.conversations:
             last = conversation.turns[-1]
@@ -84,6 +110,12 @@ class Script:
     def mean_turns(self) -> float:
         return self.requests / len(self.conversations) if self.conversations else 0.0
 
+    @property
+    def natural_rate(self) -> float:
+        """A trace's own rate: requests per second of its span."""
+        span = self.arrivals[-1] - self.arrivals[0] if self.arrivals else 0.0
+        return self.requests / span if span > 0 else float(self.requests)
+
 
 def nominal_answer_s(turn: ScriptTurn) -> float:
     """Model seconds a light-loaded engine takes to answer `turn` (a warm prefill, then
@@ -93,7 +125,12 @@ def nominal_answer_s(turn: ScriptTurn) -> float:
 
 def schedule(script: Script, rate: float, seed: int) -> list[tuple[float, int, int]]:
     """(send time in model seconds, conversation index, turn index) of every request, in
-    time order, for an offered `rate` in requests per model second."""
+    time order, for an offered `rate` in requests per model second. A trace keeps its own
+    arrivals, their pace scaled to `rate` (`trace_speed`)."""
+    if script.arrivals:
+        speed = trace_speed(script, rate)
+        origin = script.arrivals[0]
+        return [((at - origin) / speed, index, 0) for index, at in enumerate(script.arrivals)]
     starts = poisson_starts(len(script.conversations), rate / script.mean_turns(), seed)
     sends = []
     for index, (conversation, start) in enumerate(zip(script.conversations, starts, strict=True)):
@@ -102,6 +139,11 @@ def schedule(script: Script, rate: float, seed: int) -> list[tuple[float, int, i
             sends.append((at, index, turn_index))
             at += nominal_answer_s(turn) + turn.think_s
     return sorted(sends)
+
+
+def trace_speed(script: Script, rate: float) -> float:
+    """How many times faster than recorded a trace is replayed to offer `rate`."""
+    return rate / script.natural_rate
 
 
 def poisson_starts(count: int, rate: float, seed: int) -> list[float]:

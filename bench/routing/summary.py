@@ -73,6 +73,11 @@ class RunResult:
     tpot_met: float | None = None
     """With `--slo-tpot-ms`: the share of answers (of two tokens or more) whose mean
     inter-token gap met it."""
+    trace_speed: float | None = None
+    """A replayed trace: how many times faster than recorded it was sent."""
+    engine_prompt_share: dict[str, float] = field(default_factory=dict)
+    """Each engine's share of the prompt tokens (what it was asked to serve, cached or
+    not)."""
 
     @property
     def label(self) -> str:
@@ -107,6 +112,7 @@ def summarize(
     engines: Mapping[str, EngineCounters],
     time_scale: float,
     slo_tpot_ms: float | None = None,
+    trace_speed: float | None = None,
 ) -> RunResult:
     ok = [r for r in records if r.error is None and r.ttft_s is not None]
     scale_ms = time_scale * 1e3
@@ -123,6 +129,8 @@ def summarize(
     total = sum(finished.values())
     share = {name: n / total if total else 0.0 for name, n in finished.items()}
     mean = total / len(finished) if finished else 0.0
+    prompts = {name: c.queries for name, c in sorted(engines.items())}
+    prompt_total = sum(prompts.values())
     by_tag: dict[str, dict[str, float]] = {}
     for tag in sorted({r.tag for r in records}):
         tagged = [r.ttft_s for r in ok if r.tag == tag and r.ttft_s is not None]
@@ -151,6 +159,10 @@ def summarize(
         first_errors=[r.error for r in records if r.error is not None][:3],
         prediction=_prediction(ok, scale_ms),
         tpot_met=None if slo_tpot_ms is None else _met(ok, slo_tpot_ms / scale_ms),
+        trace_speed=trace_speed,
+        engine_prompt_share={
+            name: n / prompt_total if prompt_total else 0.0 for name, n in prompts.items()
+        },
     )
 
 

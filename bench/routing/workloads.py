@@ -27,6 +27,7 @@ from bench.routing.script import (
     lognormal_int,
     words,
 )
+from bench.routing.trace import TraceSpec, trace_script
 from bench.workloads.chat import WORDS as VOCABULARY  # the demo's single-token words
 from bench.workloads.chat import ChatWorkloadConfig, generate
 
@@ -51,6 +52,21 @@ class WorkloadSize:
     answer_tokens_median: int = 24
     think_s_mean: float = 0.5
     """Mean model seconds between a chat answer and the user's next turn (exponential)."""
+
+
+def script_of(
+    name: str,
+    size: WorkloadSize,
+    seed: int,
+    trace: TraceSpec | None = None,
+    vocabulary: tuple[str, ...] | None = None,
+) -> Script:
+    """The script of workload `name`: a replayed `trace` (its prompts in words of
+    `vocabulary`, each one token for the engines' tokenizer: by default the simulator's),
+    or one of `WORKLOADS`."""
+    if trace is not None:
+        return trace_script(trace, seed, vocabulary or VOCABULARY)
+    return build(name, size, seed)
 
 
 def build(name: str, size: WorkloadSize, seed: int) -> Script:
