@@ -32,6 +32,10 @@ _BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.routing.cli",
         "routing quality (TTFT, hit rate, throughput) per policy and workload",
     ),
+    "traces": (
+        "bench.routing.trace_files",
+        "the production traces `routing --trace` replays: fetch them (checksummed), describe them",
+    ),
     "joiners": (
         "bench.routing.joiners",
         "a gateway's kvgate.predictions log split by engine step: prediction error of the "
