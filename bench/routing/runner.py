@@ -178,6 +178,8 @@ async def _main(options: RoutingOptions) -> int:
                             order.reverse()
                         point: list[RunResult] = []
                         for router, (replicas, shared) in order:
+                            if script.arrivals:  # a trace: every router on fresh engines
+                                pods = await _restart(client, engines, rng, pods, plan.topic)
                             result, values, pairs = await _run_one(
                                 options, client, script, plan, engines, pods, router, load,
                                 rate, replicas, shared, ramp_s=ramp,
@@ -225,6 +227,24 @@ async def _main(options: RoutingOptions) -> int:
     # Requests lost with a replica killed on purpose are that experiment's figure.
     unexpected = [r.errors - r.replica_kill.get("lost_on_killed", 0) for r in results]
     return 1 if any(unexpected) else 0
+
+
+async def _restart(
+    client: httpx.AsyncClient,
+    engines: list[SimProcess],
+    rng: random.Random,
+    pods: Path,
+    topic: str,
+) -> Path:
+    """Fresh engines (new processes, warmed up) and their pods file. A trace's routers each
+    get them: a long trace leaves thousands of event batches of long prompts in every
+    engine's replay buffer, which each new gateway would replay at start-up (minutes, for
+    nothing: the cache was reset since)."""
+    await asyncio.gather(*(engine.stop() for engine in engines))
+    await start_all(engines, rng)
+    endpoints = endpoints_of(engines)
+    await warm_up(client, endpoints)
+    return write_pods_file(pods, endpoints, topic)
 
 
 def _prepare(
