@@ -238,6 +238,7 @@ class Router:
             # only a tokenized prompt's prediction knows its cached share: learn from those
             learn=routed.request.prompt_blocks > 0,
             opens=routed.request.opens_conversation,
+            prompt_tokens=routed.request.prompt_tokens,
         )
         if self.sync is not None:
             # Only the blocks the pod does not hold yet: the peers' own view has the rest

@@ -173,8 +173,8 @@ class _Ranking:
     Valid for the θ and the scrapes it was built with, and for the pods' work up to
     `position` in the model's change log of `epoch`."""
 
-    __slots__ = ("active_at", "activities", "bases", "ends", "epoch", "index", "pods",
-                 "position", "scraped", "theta_version", "units", "waits")  # fmt: skip
+    __slots__ = ("active_at", "activities", "bases", "bounds", "ends", "epoch", "index",
+                 "pods", "position", "scraped", "theta_version", "units", "waits")  # fmt: skip
 
     def __init__(
         self,
@@ -195,6 +195,7 @@ class _Ranking:
         self.waits = [e.pending_requests for e in estimates]
         """Requests waiting there for the next step (a new request would join them)."""
         self.activities = [work.activity for work in works]
+        self.bounds = [work.bound for work in works]
         self.active_at = [work.activity_at for work in works]
         """Each pod's activity, as of when it was last set (it decays from then)."""
         self.epoch = epoch
@@ -241,6 +242,11 @@ class _PodWork:
     """Running mean of uncached tokens per request routed here (sizes other replicas' queue)."""
     activity: float = 0.0
     """Requests routed here, each decaying with `activity_window_s` (as of `activity_at`)."""
+    bound: float = 0.0
+    """Of `activity`: each request weighted by the share of its prompt the pod held — the
+    traffic its cache binds to it (decaying likewise, as of `activity_at`)."""
+    busy_s: float = 0.0
+    """The predicted prefill seconds of the requests routed here (decaying likewise)."""
     activity_at: float = 0.0
     conversations: float = 0.0
     """Conversations placed here (first turns), each decaying with `conversation_window_s`
@@ -439,6 +445,7 @@ class CostModel:
         delay_weight: float = 0.0,
         arrival_weight: float = 0.0,
         prefill_weight: float = 0.0,
+        arrival_basis: str = "requests",
     ) -> tuple[list[int], int, int]:
         """`rank_costs`' TTFTs, each charged `prefill_weight` times its own prefill,
         `delay_weight` times `rank_delays` and `arrival_weight` times `rank_arrivals`,
@@ -447,7 +454,7 @@ class CostModel:
         cached tokens; how many are within it; how many of those hold as much as the
         first)."""
         ranking, now = self._current_ranking(pods, names)
-        rates = self._rates(ranking, now) if arrival_weight else []
+        rates = self._rates(ranking, now, arrival_basis) if arrival_weight else []
         held, prompt = self.work_of(cached, prompt_tokens)
         return self.kernels.affine_order(
             ranking.bases, ranking.units, ranking.ends, held, prompt,
@@ -456,20 +463,26 @@ class CostModel:
         )  # fmt: skip
 
     def rank_arrivals(
-        self, pods: Sequence[ScrapedPod], names: Sequence[str] | None, prefills: list[float]
+        self,
+        pods: Sequence[ScrapedPod],
+        names: Sequence[str] | None,
+        prefills: list[float],
+        basis: str = "requests",
     ) -> list[float]:
         """Per pod (in the order of `pods`), the requests that reach it while a prefill of
         `prefills[i]` runs there, times that prefill (`kernels.arrivals`): half of it is
         the time they wait out between them."""
         ranking, now = self._current_ranking(pods, names)
-        return arrivals(prefills, self._rates(ranking, now))
+        return arrivals(prefills, self._rates(ranking, now, basis))
 
-    def _rates(self, ranking: _Ranking, now: float) -> list[float]:
-        """Each candidate's `arrival_rate` as of `now`, from the ranking's activities."""
+    def _rates(self, ranking: _Ranking, now: float, basis: str = "requests") -> list[float]:
+        """Each candidate's `arrival_rate` as of `now`, from the ranking's activities
+        (`basis` "cached": each request weighted by the share of it the pod held)."""
         window = self.params.activity_window_s
+        counts = ranking.bounds if basis == "cached" else ranking.activities
         return [
-            _decayed(activity, now - at, window) / window
-            for activity, at in zip(ranking.activities, ranking.active_at, strict=True)
+            _decayed(count, now - at, window) / window
+            for count, at in zip(counts, ranking.active_at, strict=True)
         ]
 
     def _current_ranking(
@@ -504,7 +517,7 @@ class CostModel:
         changes = self._changes
         index, works, work_for = ranking.index, self._pods, self._work
         bases, units, ends, waits = ranking.bases, ranking.units, ranking.ends, ranking.waits
-        activities, active_at = ranking.activities, ranking.active_at
+        activities, bounds, active_at = ranking.activities, ranking.bounds, ranking.active_at
         current = self._current_estimate
         for changed in changes[ranking.position :]:
             name = changed.name
@@ -516,7 +529,8 @@ class CostModel:
             e = current(work, pod.scraped_at, pod.running, pod.waiting)
             # (the fields by index: a NamedTuple's names are Python properties)
             bases[at], units[at], ends[at], waits[at] = e[3], e[4], e[5], e[7]
-            activities[at], active_at[at] = work.activity, work.activity_at
+            activities[at], bounds[at] = work.activity, work.bound
+            active_at[at] = work.activity_at
         ranking.position = len(changes)
 
     def _ranking(
@@ -709,11 +723,18 @@ class CostModel:
     # -- a request's life -----------------------------------------------------------------
 
     def start(
-        self, prediction: Prediction, *, streamed: bool, learn: bool = True, opens: bool = False
+        self,
+        prediction: Prediction,
+        *,
+        streamed: bool,
+        learn: bool = True,
+        opens: bool = False,
+        prompt_tokens: float = 0.0,
     ) -> Ticket:
         """The request goes to `prediction.pod` now: its prefill joins that pod's queue.
         `learn`: its observed TTFT may train the model (its features were known); `opens`:
-        it is a conversation's first turn (the pod will carry the conversation)."""
+        it is a conversation's first turn (the pod will carry the conversation);
+        `prompt_tokens`: its prompt's, of which the pod held all but `own_tokens`."""
         work = self._work(prediction.pod)
         now = self._clock()
         self._tickets += 1
@@ -722,7 +743,12 @@ class CostModel:
         ticket = Ticket(prediction.pod, prediction, now, streamed, learn, number=self._tickets,
                         step=work.steps, tpot=tpot)  # fmt: skip
         idle = not work.prefilling and not work.decoding
-        work.activity = self._decayed_activity(work, now) + 1.0
+        decay = _decayed(1.0, now - work.activity_at, self.params.activity_window_s)
+        prompt = self.work_of((), prompt_tokens)[1]
+        held = 1.0 - prediction.own_tokens / prompt if prompt > prediction.own_tokens else 0.0
+        work.activity = work.activity * decay + 1.0
+        work.bound = work.bound * decay + held
+        work.busy_s = work.busy_s * decay + prediction.own_prefill_s()
         work.activity_at = now
         if opens:
             work.conversations = self._decayed_conversations(work, now) + 1.0
@@ -837,6 +863,16 @@ class CostModel:
         """`activity` × the pod's speed: the time its recent traffic costs it, in units of
         an average pod's (what placements balance on a mixed fleet)."""
         return self.activity(pod) * self.speed(pod)
+
+    def busy(self, pod: str) -> float:
+        """The predicted prefill seconds of the requests routed to `pod` lately (decayed):
+        the time its recent traffic costs it, however long each prompt."""
+        work = self._pods.get(pod)
+        if work is None:
+            return 0.0
+        return _decayed(
+            work.busy_s, self._clock() - work.activity_at, self.params.activity_window_s
+        )
 
     def carried(self, pod: str) -> float:
         """Conversations placed on `pod` lately (decayed) × its speed: the time the

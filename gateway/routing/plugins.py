@@ -159,7 +159,9 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
             if params.flag("placement", True)
             else -1.0
         ),
-        placement_key=params.choice("placement_key", "load", ("load", "conversations")),
+        placement_key=params.choice("placement_key", "load", ("load", "conversations", "work")),
+        placement_shared=params.choice("placement_shared", "best", ("best", "replicated")),
+        arrival_basis=params.choice("arrival_basis", "requests", ("requests", "cached")),
         placement_load_tolerance=params.number("placement_load_tolerance", 0.0, high=10.0),
         tpot_tolerance=params.number("tpot_tolerance", 0.5, high=10.0),
         tpot_ranking=params.flag("tpot_ranking", False),

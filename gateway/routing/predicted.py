@@ -131,6 +131,8 @@ class MinPredictedTtftPicker:
         tpot_tolerance: float = 0.5,
         tpot_ranking: bool = False,
         shed: bool = False,
+        arrival_basis: str = "requests",
+        placement_shared: str = "best",
     ) -> None:
         self._cost = cost
         self._block_size = block_size
@@ -158,6 +160,8 @@ class MinPredictedTtftPicker:
         its pod runs meanwhile, which a move off its cache adds to. A fleet whose pods
         decode at different speeds than they prefill is where it can pay."""
         self.shed = shed
+        self.arrival_basis = arrival_basis
+        self.placement_shared = placement_shared
 
     def rank(
         self,
@@ -208,7 +212,7 @@ class MinPredictedTtftPicker:
             # counts: ranked and its near-ties ordered in one compiled pass.
             order, _, equal = self._cost.rank_order(
                 pods, cached, request.prompt_tokens, names, self.tie_tolerance, self.delay_weight,
-                self.arrival_weight / 2.0, self.prefill_weight,
+                self.arrival_weight / 2.0, self.prefill_weight, self.arrival_basis,
             )  # fmt: skip
             probed = self._probed(order, names)
             if probed is not None:
@@ -235,9 +239,14 @@ class MinPredictedTtftPicker:
             # As if every pod held as much as the best (the shared prefix): each pod's own
             # prefill scaled down to the least any pod has to do.
             held, prompt = self._cost.work_of(cached, request.prompt_tokens)
-            least = prompt - max(held)
+            shared = max(held)
+            if self.placement_shared == "replicated":
+                # the prefix at least two pods hold: a conversation's own history (on one
+                # pod) is no shared prefix, and its holder keeps what it holds
+                shared = sorted(held)[-2] if len(held) > 1 else 0.0
+            least = prompt - shared
             costs = [
-                ttft - prefill * (1.0 - least / own) if (own := prompt - pod_held) > 0 else ttft
+                ttft - prefill * (1.0 - least / own) if (own := prompt - pod_held) > least else ttft
                 for ttft, prefill, pod_held in zip(ttfts, prefills, held, strict=True)
             ]
         elif self.prefill_weight:
@@ -255,7 +264,7 @@ class MinPredictedTtftPicker:
             # What its prefill there costs the requests that reach that pod while it runs
             # (at the pod's recent rate): each waits out the rest of it, half on average.
             weight = self.arrival_weight / 2.0
-            charged = self._cost.rank_arrivals(pods, names, prefills)
+            charged = self._cost.rank_arrivals(pods, names, prefills, self.arrival_basis)
             costs = [cost + weight * each for cost, each in zip(costs, charged, strict=True)]
         order = self._cost.kernels.argsort(costs)
         probed = self._probed(order, names)
@@ -277,8 +286,8 @@ class MinPredictedTtftPicker:
         if ties > 1:
             if placing:
                 # The least loaded for its speed: a pod twice as slow carries half as much.
-                load = (
-                    self._cost.carried if self.placement_key == "conversations" else self._cost.load
+                load = {"conversations": self._cost.carried, "work": self._cost.busy}.get(
+                    self.placement_key, self._cost.load
                 )
                 head = order[:ties]
                 self._rng.shuffle(head)  # equals in load and match: none favoured by place

@@ -23,7 +23,9 @@ from bench.routing.fleet import (
     trace_service_seconds,
 )
 from bench.routing.loadgen import LoadSpec
+from bench.routing.report import check_targets
 from bench.routing.script import schedule, trace_speed
+from bench.routing.summary import RunResult
 from bench.routing.trace import (
     TRACE_BLOCK_TOKENS,
     TraceError,
@@ -251,3 +253,33 @@ def test_bad_trace_arguments_are_refused_before_anything_starts(tmp_path: Path) 
     same = run("--trace", str(path), "--trace", str(twin))
     assert same.returncode == 2 and "two traces of one name" in same.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_a_traces_targets_are_the_tail_the_cache_and_the_balance() -> None:
+    def run(router: str, p90: float, p99: float, hit: float, shares: list[float]) -> RunResult:
+        latency = {"p50": p90 / 2, "p90": p90, "p99": p99, "mean": p90 / 2}
+        prompts = {f"e{i}": share for i, share in enumerate(shares)}
+        return RunResult("trace:synthetic_trace", router, 0.8, 2.0, 700, 0, latency, latency,
+                         latency, 1.0, 90.0, hit, hit, {}, 1.0,
+                         engine_prompt_share=prompts)  # fmt: skip
+
+    results = [
+        run("prefix-cache", 1000.0, 5000.0, 0.30, [0.3, 0.3, 0.3, 0.1]),
+        run("round-robin", 1600.0, 4800.0, 0.10, [0.25] * 4),
+        run("oracle", 9000.0, 20000.0, 0.32, [0.7, 0.1, 0.1, 0.1]),
+    ]
+    lines = check_targets(results)
+    assert "  ✓ TTFT p99 within 10 % of the lowest: 5,000 vs round-robin 4,800 ms" in lines
+    assert "  ✓ hit rate ≥ 90 % of the oracle's: 30.0% vs 32.0% (94%)" in lines
+    assert "  ✗ no engine under half its share of the prompt tokens: least e3 10.0% of 25.0%" in (
+        lines
+    )
+    assert "  ✓ TTFT p90 ≥ 1.5× lower than round-robin's: 1.6×" in lines
+    results[0] = run("prefix-cache", 1100.0, 5300.0, 0.28, [0.25] * 4)
+    lines = check_targets(results)
+    assert "  ✗ TTFT p99 within 10 % of the lowest: 5,300 vs round-robin 4,800 ms" in lines
+    assert "  ✗ hit rate ≥ 90 % of the oracle's: 28.0% vs 32.0% (88%)" in lines
+    assert "  ✓ no engine under half its share of the prompt tokens: least e0 25.0% of 25.0%" in (
+        lines
+    )
+    assert "  ✗ TTFT p90 ≥ 1.5× lower than round-robin's: 1.5×" in lines
