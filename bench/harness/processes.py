@@ -15,7 +15,7 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -29,6 +29,18 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def pinned(cpus: Collection[int]) -> Callable[[], None]:  # pragma: no cover - in the child
+    """`preexec_fn` on Linux: `die_with_parent()`, and the child (with every process it
+    starts later, which inherit the mask) runs on `cpus` only."""
+    mask = frozenset(cpus)
+
+    def preexec() -> None:
+        die_with_parent()
+        os.sched_setaffinity(0, mask)
+
+    return preexec
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -108,10 +120,12 @@ class ChildProcess:
         env: dict[str, str] | None = None,
         pipe: bool = False,
         stdin: bool = False,
+        cpus: Collection[int] | None = None,
     ) -> None:
         """Start `command`; `env` is added to this process's environment; `pipe`: its stdout
         is read with `readline()` (then `follow()`), else it goes to the log like stderr;
-        `stdin`: lines are written to it with `write_line()`."""
+        `stdin`: lines are written to it with `write_line()`; `cpus`: the only CPUs it and
+        its own children may run on (Linux)."""
         await self.stop()
         await asyncio.to_thread(self.log_path.parent.mkdir, parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
@@ -122,10 +136,16 @@ class ChildProcess:
             stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
             env=None if env is None else {**os.environ, **env},
             start_new_session=True,
-            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=self._preexec(cpus),
             limit=_LINE_LIMIT,
         )
         self.starts += 1
+
+    @staticmethod
+    def _preexec(cpus: Collection[int] | None) -> Callable[[], None] | None:
+        if sys.platform != "linux":
+            return None
+        return die_with_parent if cpus is None else pinned(cpus)
 
     async def readline(self) -> str:
         """The next line of the piped stdout ('' at its end)."""

