@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from bench.results_io import RESULTS_DIR
+from bench.routing.engines import REAL_SIZE, REAL_TRACE_SCALE, EngineChoice
 from bench.routing.fleet import TRACE_WALL_RATE, WALL_RATE
 from bench.routing.routers import BASELINES, KVGATE_POLICIES, PEERS
 from bench.routing.trace import TraceError, TraceSpec, load_trace
@@ -116,6 +118,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="cap each replayed answer at N tokens",
     )
     add(
+        "--trace-scale",
+        type=float,
+        default=None,
+        metavar="F",
+        help="every length of each trace times F: its 512-token blocks, prompts and answers "
+        f"(default 1; {REAL_TRACE_SCALE:g} with --engines vllm:N)",
+    )
+    add(
         "--trace-speed",
         type=float,
         default=None,
@@ -146,7 +156,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="also run sglang-router and vllm-router (cache_aware) and vllm-router's kv_aware "
         "(fed by the engines' KV events), from bench/.venvs",
     )
-    add("--engines", type=int, default=8, help="simulated engines, one process each (8)")
+    add(
+        "--engines",
+        type=EngineChoice.parse,
+        default=EngineChoice(8),
+        metavar="N|vllm:N",
+        help="N simulated engines, one process each (8); vllm:N: N real vLLM engines on CPU, "
+        "each on its own core (the scripts/e2e-vllm.sh venv; smaller workloads, traces "
+        f"scaled by {REAL_TRACE_SCALE:g}; docs/benchmarks.md)",
+    )
     add(
         "--replicas",
         type=_replicas,
@@ -246,7 +264,6 @@ def run(args: argparse.Namespace) -> int:
     from gateway.routing.config import normalise, read_config
 
     checks = {
-        "--engines": args.engines < 1,
         "--load": args.load <= 0,
         "--closed": args.closed is not None and args.closed < 1,
         "--ramp": args.ramp is not None and args.ramp < 0,
@@ -257,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         "--repeat": args.repeat < 1,
         "--trace-max-output": args.trace_max_output is not None and args.trace_max_output < 1,
         "--trace-speed": args.trace_speed is not None and args.trace_speed <= 0,
+        "--trace-scale": args.trace_scale is not None and not 0 < args.trace_scale <= 1,
     }
     bad = [name for name, wrong in checks.items() if wrong]
     if bad:
@@ -266,6 +284,14 @@ def run(args: argparse.Namespace) -> int:
         traces = _traces(args)
     except (OSError, TraceError) as error:
         print(f"kvgate bench routing: --trace: {error}")
+        return 2
+    real = args.engines.real
+    refused = [name for name in (*args.routers, *(args.workloads or ()))
+               if name in ("oracle", "hetero")]  # fmt: skip
+    if real and refused:
+        print(f"kvgate bench routing: {', '.join(refused)} not with --engines vllm:N (the "
+              "oracle reads the simulator's tokenizer; hetero needs engines of two "
+              "speeds)")  # fmt: skip
         return 2
     if traces and args.closed:
         print("kvgate bench routing: --trace replays the trace's arrivals (open loop); "
@@ -286,7 +312,13 @@ def run(args: argparse.Namespace) -> int:
               f"{', '.join(known)}")  # fmt: skip
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.quick:
+    if real and not args.quick:
+        size = dataclasses.replace(
+            REAL_SIZE,
+            conversations=args.conversations or REAL_SIZE.conversations,
+            turns=args.turns or REAL_SIZE.turns,
+        )
+    elif args.quick:
         size = WorkloadSize(
             conversations=args.conversations or 6,
             turns=args.turns or 3,
@@ -307,9 +339,10 @@ def run(args: argparse.Namespace) -> int:
     options = RoutingOptions(
         workloads=[*workloads, *(trace.name for trace in traces)],
         traces=tuple(traces),
+        real_engines=real,
         trace_speed=args.trace_speed,
         routers=routers,
-        engines=args.engines,
+        engines=args.engines.count,
         replicas=list(args.replicas),
         kill_replica=args.kill_replica,
         loads=loads,
@@ -334,7 +367,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _traces(args: argparse.Namespace) -> list[TraceSpec]:
     """The --trace files, each read once here so that a bad one stops the run at once."""
-    specs = [TraceSpec(str(path), args.trace_window, args.trace_max_output)
+    scale = args.trace_scale or (REAL_TRACE_SCALE if args.engines.real else 1.0)
+    specs = [TraceSpec(str(path), args.trace_window, args.trace_max_output, scale)
              for path in args.trace]  # fmt: skip
     names = [spec.name for spec in specs]
     if len(set(names)) < len(names):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.harness.fleet import SimOptions, SimProcess
 from bench.routing.script import Script
-from bench.routing.trace import TRACE_BLOCK_TOKENS, TraceRequest, cached_tokens, reused_blocks
+from bench.routing.trace import TraceRequest, cached_tokens, reused_blocks
 from simulator.latency import LatencyModel
 
 BLOCK_SIZE = 16
@@ -119,12 +119,17 @@ def plan_fleet(
 
 
 def plan_trace_fleet(
-    requests: Sequence[TraceRequest], engines: int, time_scale: float, *, max_batch: int = 32
+    requests: Sequence[TraceRequest],
+    engines: int,
+    time_scale: float,
+    *,
+    max_batch: int = 32,
+    kv_tokens: int = TRACE_KV_TOKENS,
 ) -> FleetPlan:
-    """Engines as real ones for a trace: `TRACE_KV_TOKENS` each, a context length that
-    admits its longest request."""
+    """Engines as real ones for a trace: `kv_tokens` of KV cache each (a trace scaled down
+    gets its share), a context length that admits its longest request."""
     longest = max(r.input_length + r.output_length for r in requests) + TEMPLATE_MARGIN
-    blocks = TRACE_KV_TOKENS // BLOCK_SIZE
+    blocks = kv_tokens // BLOCK_SIZE
     return FleetPlan(engines, blocks, time_scale, max_batch, max_model_len=longest)
 
 
@@ -132,7 +137,7 @@ def trace_service_seconds(requests: Sequence[TraceRequest], plan: FleetPlan) -> 
     """Mean model seconds of engine time per request when every prefix that one LRU cache
     of the whole fleet's size would hold is cached (the best any router can do)."""
     latency = plan.latency
-    fleet_blocks = plan.engines * plan.gpu_blocks * BLOCK_SIZE // TRACE_BLOCK_TOKENS
+    fleet_blocks = plan.engines * plan.gpu_blocks * BLOCK_SIZE // requests[0].block_tokens
     decode_per_token = latency.decode_ms_per_token / plan.max_batch + latency.decode_ms_per_seq
     total = 0.0
     for request, reused in zip(requests, reused_blocks(requests, fleet_blocks), strict=True):

@@ -93,22 +93,23 @@ def make_router(
     block_hash: str = "sim",
     *,
     replica: int | None = None,
-    time_scale: float = 1.0,
+    prior_scale: float = 1.0,
     routing_config: Path | None = None,
     profiles: Collection[str] = KVGATE_POLICIES,
+    engine_block_size: int = 16,
 ) -> RouterProcess:
     """Router `name` on a free port; `replica`: one of several kvgate replicas (own log).
-    `time_scale`: the engines' model seconds per wall second. kvgate's cost model is told
-    that its pods answer 1 / `time_scale` times as slowly as its prior says (a calibrated
-    14B model on one GPU, which a simulated engine is in model time), as an operator tells
-    it of a slower GPU. `profiles`: the names that are kvgate's policies, the built-ins and
-    those `routing_config` (given to every kvgate) declares."""
+    kvgate's cost model is told that its pods answer `prior_scale` times as slowly as its
+    prior says (a calibrated 14B model on one GPU), as an operator tells it of a slower
+    GPU. `profiles`: the names that are kvgate's policies, the built-ins and those
+    `routing_config` (given to every kvgate) declares. `engine_block_size`: tokens per
+    block of the engines' KV events (for the peers that read them)."""
     port = free_port_block(2, rng)
     log = log_dir / (f"router-{name}.log" if replica is None else f"router-{name}-{replica}.log")
     if name in profiles:
         token = secrets.token_urlsafe(12)
         command = serve_command(pods_file, port, name)
-        env = {"KVGATE_ADMIN_TOKEN": token, "KVGATE_COST_PRIOR_SCALE": f"{1.0 / time_scale:g}"}
+        env = {"KVGATE_ADMIN_TOKEN": token, "KVGATE_COST_PRIOR_SCALE": f"{prior_scale:g}"}
         if routing_config is not None:
             env["KVGATE_ROUTING_CONFIG"] = str(routing_config)
         return RouterProcess(name, command, log, port, env, token)
@@ -118,7 +119,11 @@ def make_router(
     if name in PEERS:
         workers = [endpoint.url for endpoint in endpoints]
         metrics = ["--prometheus-port", str(port + 1), "--prometheus-host", "127.0.0.1"]
-        policy = kv_aware_args(endpoints) if name in VLLM_LIKE_PEERS else ["cache_aware"]
+        policy = (
+            kv_aware_args(endpoints, engine_block_size)
+            if name in VLLM_LIKE_PEERS
+            else ["cache_aware"]
+        )
         common = ["--worker-urls", *workers, "--policy", *policy,
                   "--host", "127.0.0.1", "--port", str(port), *metrics]  # fmt: skip
         venv = ensure_venv(PACKAGES[name])
@@ -131,10 +136,11 @@ def make_router(
     raise ValueError(f"unknown router {name!r}")
 
 
-def kv_aware_args(endpoints: Sequence[EngineEndpoint]) -> list[str]:
+def kv_aware_args(endpoints: Sequence[EngineEndpoint], block_size: int = 16) -> list[str]:
     """vllm-router's kv_aware policy fed by every engine's KV events (static sources; 0.1.17
     requires the model and block size for them)."""
-    args = ["kv_aware", "--kv-event-block-size", "16", "--kv-event-model", endpoints[0].model]
+    args = ["kv_aware", "--kv-event-block-size", str(block_size),
+            "--kv-event-model", endpoints[0].model]  # fmt: skip
     for endpoint in endpoints:
         args += ["--kv-event-source", f"{endpoint.url}={endpoint.events}"]
         if endpoint.replay:

@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 
 from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
-from bench.harness.fleet import SimProcess, endpoints_of, start_all, warm_up, write_pods_file
 from bench.harness.processes import ChildProcess
 from bench.harness.streaming import RequestRecord
 from bench.results_io import write_json
+from bench.routing.engines import RealEngines, RealFleet, RunFleet, SimFleet
 from bench.routing.failover import (
     ReplicaKill,
     channel_target,
@@ -39,11 +39,11 @@ from bench.routing.failover import (
     sync_cpu_share,
 )
 from bench.routing.fleet import (
+    TRACE_KV_TOKENS,
     TRACE_WALL_RATE,
     WALL_RATE,
     FleetPlan,
     capacity_rps,
-    engine_processes,
     plan_fleet,
     plan_trace_fleet,
     trace_service_seconds,
@@ -59,8 +59,9 @@ from bench.routing.report import (
 from bench.routing.routers import KVGATE_POLICIES, make_router, needs_vllm_like_engines
 from bench.routing.script import Script, trace_speed
 from bench.routing.summary import RunResult, median_of, spread_of, summarize
-from bench.routing.trace import TraceSpec, describe, load_trace
+from bench.routing.trace import TraceRequest, TraceSpec, describe, load_trace
 from bench.routing.workloads import WorkloadSize, script_of, slowdown
+from simulator.latency import LatencyModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,8 @@ class RoutingOptions:
     """The profiles `routing_config` declares: kvgate routers too."""
     traces: tuple[TraceSpec, ...] = ()
     """Replayed traces; each is a workload named `trace:<file stem>` in `workloads`."""
+    real_engines: bool = False
+    """Real vLLM engines on CPU (`engines` of them) instead of simulated ones."""
     trace_speed: float | None = None
     """Replay every trace this many times faster than recorded instead of at `loads`."""
 
@@ -154,22 +157,20 @@ async def _main(options: RoutingOptions) -> int:
     plans: dict[str, dict[str, Any]] = {}
     rng = random.Random()
     logs = options.out_dir / "logs"
+    real = RealEngines(options.out_dir) if options.real_engines else None
     async with httpx.AsyncClient(timeout=10.0) as client:
+        if real is not None:
+            await real.prepare()
         for workload in options.workloads:
-            script, plan, capacity, described = _prepare(options, workload)
-            plans[workload] = described
+            workload_logs = logs / _folder(workload)
+            prepared = await _prepare(options, workload, client, real, workload_logs, rng)
+            script, plan, capacity, fleet = prepared
+            plans[workload] = _describe(options, workload, script, plan, capacity)
             ramp = ramp_for(options, capacity)
             if options.mode == "closed":
                 plans[workload]["closed_ramp_s"] = ramp
             _say(options, _intro(script, plan, capacity))
-            engines = engine_processes(plan, logs / _folder(workload), options.seed)
             try:
-                await start_all(engines, rng)
-                endpoints = endpoints_of(engines)
-                await warm_up(client, endpoints)  # every router then finds them warm
-                pods = write_pods_file(
-                    logs / _folder(workload) / "pods.json", endpoints, plan.topic
-                )
                 for load, rate in _points(options, script, capacity):
                     rounds: list[list[RunResult]] = []
                     for round_index in range(options.repeat):
@@ -178,11 +179,11 @@ async def _main(options: RoutingOptions) -> int:
                             order.reverse()
                         point: list[RunResult] = []
                         for router, (replicas, shared) in order:
-                            if script.arrivals:  # a trace: every router on fresh engines
-                                pods = await _restart(client, engines, rng, pods, plan.topic)
+                            await fleet.before_run(client, fresh=bool(script.arrivals))
                             result, values, pairs = await _run_one(
-                                options, client, script, plan, engines, pods, router, load,
-                                rate, replicas, shared, ramp_s=ramp,
+                                options, client, script, plan, fleet, router, load, rate,
+                                replicas, shared, ramp_s=ramp,
+                                vocabulary=real.vocabulary if real is not None else None,
                             )  # fmt: skip
                             result = dataclasses.replace(result, round=round_index)
                             point.append(result)
@@ -208,7 +209,7 @@ async def _main(options: RoutingOptions) -> int:
                     medians += [{**m.as_json(), "rounds": options.repeat, "spread": spread}
                                 for m, spread in merged]  # fmt: skip
             finally:
-                await asyncio.gather(*(engine.stop() for engine in engines))
+                await fleet.stop()
     document: dict[str, Any] = {
         "options": {
             **dataclasses.asdict(options),
@@ -229,50 +230,52 @@ async def _main(options: RoutingOptions) -> int:
     return 1 if any(unexpected) else 0
 
 
-async def _restart(
+async def _prepare(
+    options: RoutingOptions,
+    workload: str,
     client: httpx.AsyncClient,
-    engines: list[SimProcess],
+    real: RealEngines | None,
+    log_dir: Path,
     rng: random.Random,
-    pods: Path,
-    topic: str,
-) -> Path:
-    """Fresh engines (new processes, warmed up) and their pods file. A trace's routers each
-    get them: a long trace leaves thousands of event batches of long prompts in every
-    engine's replay buffer, which each new gateway would replay at start-up (minutes, for
-    nothing: the cache was reset since)."""
-    await asyncio.gather(*(engine.stop() for engine in engines))
-    await start_all(engines, rng)
-    endpoints = endpoints_of(engines)
-    await warm_up(client, endpoints)
-    return write_pods_file(pods, endpoints, topic)
-
-
-def _prepare(
-    options: RoutingOptions, workload: str
-) -> tuple[Script, FleetPlan, float, dict[str, Any]]:
-    """Workload `workload`'s script, the fleet that serves it (at its time scale), the
-    fleet's ideal capacity (requests per model second) and what the report says of them."""
+) -> tuple[Script, FleetPlan, float, RunFleet]:
+    """Workload `workload`'s script, its fleet's plan (at its time scale), the fleet's
+    ideal capacity (requests per model second), and the fleet, started."""
     trace = options.trace(workload)
     script = script_of(workload, options.size, options.seed, trace)
-    if trace is not None:
-        requests = load_trace(trace)
-        plan = plan_trace_fleet(requests, options.engines, 1.0)
-        capacity = plan.engines / trace_service_seconds(requests, plan)
+    requests = load_trace(trace) if trace is not None else None
+    if requests is not None:
+        kv_tokens = round(TRACE_KV_TOKENS * trace.scale) if trace is not None else 0
+        plan = plan_trace_fleet(requests, options.engines, 1.0, kv_tokens=kv_tokens)
     else:
         plan = plan_fleet(
             script, options.engines, 1.0, slack=options.slack, slowdown=slowdown(workload)
         )
-        capacity = capacity_rps(script, plan)
+    if real is not None:
+        plan = real.context(plan, script.longest_request_tokens())
+        fleet: RunFleet = await RealFleet.start(plan, real.model_dir, log_dir, client)
+        try:
+            await real.measure(client, fleet.endpoints[0])
+        except BaseException:
+            await fleet.stop()
+            raise
+        plan = real.plan(plan)
+        if trace is not None:  # its prompts in the words the engines hold as one token
+            script = script_of(workload, options.size, options.seed, trace, real.vocabulary)
+        return script, plan, _capacity(script, plan, requests), fleet
+    capacity = _capacity(script, plan, requests)
     wall_rate = options.wall_rate or (TRACE_WALL_RATE if trace is not None else WALL_RATE)
-    scale = options.time_scale or wall_rate / capacity
-    plan = dataclasses.replace(plan, time_scale=scale)
+    plan = dataclasses.replace(plan, time_scale=options.time_scale or wall_rate / capacity)
     if needs_vllm_like_engines(options.routers):
         plan = plan.vllm_like()
-    described = _describe(script, plan, capacity)
-    if trace is not None:
-        described["trace"] = {**trace.to_json(), **describe(requests),
-                              "natural_rate_rps": script.natural_rate}  # fmt: skip
-    return script, plan, capacity, described
+    sim = SimFleet(plan, log_dir, options.seed, rng)
+    await sim.start(client)
+    return script, plan, capacity, sim
+
+
+def _capacity(script: Script, plan: FleetPlan, requests: list[TraceRequest] | None) -> float:
+    if requests is not None:
+        return plan.engines / trace_service_seconds(requests, plan)
+    return capacity_rps(script, plan)
 
 
 def _points(
@@ -350,8 +353,7 @@ async def _run_one(
     client: httpx.AsyncClient,
     script: Script,
     plan: FleetPlan,
-    engines: list[SimProcess],
-    pods: Path,
+    fleet: RunFleet,
     router_name: str,
     load: float | None,
     rate: float,
@@ -359,15 +361,16 @@ async def _run_one(
     shared: bool = False,
     *,
     ramp_s: float = 0.0,
+    vocabulary: tuple[str, ...] | None = None,
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
-    endpoints = endpoints_of(engines)
+    engines, endpoints = fleet.processes, fleet.endpoints
     await reset_prefix_caches(client, [e.url for e in endpoints])
     logs = options.out_dir / "logs" / _folder(script.name)
     routers = [
-        make_router(router_name, pods, endpoints, logs, random.Random(), plan.block_hash,
-                    replica=index if replicas > 1 else None, time_scale=plan.time_scale,
-                    routing_config=options.routing_config,
-                    profiles=options.kvgate_routers)
+        make_router(router_name, fleet.pods, endpoints, logs, random.Random(), plan.block_hash,
+                    replica=index if replicas > 1 else None, prior_scale=_prior_scale(plan),
+                    routing_config=options.routing_config, profiles=options.kvgate_routers,
+                    engine_block_size=fleet.block_size)
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
@@ -402,6 +405,7 @@ async def _run_one(
             ramp_s=ramp_s,
             slo_tpot_ms=options.slo_tpot_ms if options.send_slo else None,
             trace=options.trace(script.name),
+            vocabulary=vocabulary,
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""
@@ -439,6 +443,7 @@ async def _run_one(
         time_scale=plan.time_scale,
         slo_tpot_ms=options.slo_tpot_ms,
         trace_speed=trace_speed(script, rate) if script.arrivals else None,
+        real_engines=options.real_engines,
     )
     answered = max(1, result.requests - result.errors)
     result = dataclasses.replace(
@@ -494,14 +499,24 @@ def _runs(options: RoutingOptions) -> list[tuple[str, tuple[int, bool]]]:
     ]
 
 
+def _prior_scale(plan: FleetPlan) -> float:
+    """How many times slower than the cost model's prior (a calibrated 14B model on one
+    GPU, which the simulator is in model time) the engines answer, as an operator tells it
+    of slower GPUs: a simulated fleet runs its time scale faster; real engines as measured."""
+    calibrated: float = LatencyModel().prefill_us_per_token
+    return float(plan.latency.prefill_us_per_token) / calibrated / plan.time_scale
+
+
 def _cpu_of(processes: Sequence[ChildProcess]) -> float:
     """CPU seconds of these processes and their reaped children (0 for one not known)."""
     return sum(p.cpu_seconds(with_children=True) or 0.0 for p in processes)
 
 
-def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any]:
+def _describe(
+    options: RoutingOptions, workload: str, script: Script, plan: FleetPlan, capacity: float
+) -> dict[str, Any]:
     working = script.working_set_tokens()
-    return {
+    described: dict[str, Any] = {
         "requests": script.requests,
         "conversations": len(script.conversations),
         "working_set_tokens": working,
@@ -517,7 +532,13 @@ def _describe(script: Script, plan: FleetPlan, capacity: float) -> dict[str, Any
         "slow_engines": plan.engines // 2 if plan.slowdown != 1.0 else 0,
         "slowdown": plan.slowdown,
         "ideal_capacity_rps": capacity,
+        "engine_kind": "vllm" if options.real_engines else "sim",
     }
+    trace = options.trace(workload)
+    if trace is not None:
+        figures = describe(load_trace(trace))
+        described["trace"] = {**trace.to_json(), **figures, "natural_rate_rps": script.natural_rate}
+    return described
 
 
 def _intro(script: Script, plan: FleetPlan, capacity: float) -> str:

@@ -75,6 +75,8 @@ class RunResult:
     inter-token gap met it."""
     trace_speed: float | None = None
     """A replayed trace: how many times faster than recorded it was sent."""
+    real_engines: bool = False
+    """Served by real vLLM engines (on CPU), not simulated ones."""
     engine_prompt_share: dict[str, float] = field(default_factory=dict)
     """Each engine's share of the prompt tokens (what it was asked to serve, cached or
     not)."""
@@ -113,6 +115,7 @@ def summarize(
     time_scale: float,
     slo_tpot_ms: float | None = None,
     trace_speed: float | None = None,
+    real_engines: bool = False,
 ) -> RunResult:
     ok = [r for r in records if r.error is None and r.ttft_s is not None]
     scale_ms = time_scale * 1e3
@@ -160,6 +163,7 @@ def summarize(
         prediction=_prediction(ok, scale_ms),
         tpot_met=None if slo_tpot_ms is None else _met(ok, slo_tpot_ms / scale_ms),
         trace_speed=trace_speed,
+        real_engines=real_engines,
         engine_prompt_share={
             name: n / prompt_total if prompt_total else 0.0 for name, n in prompts.items()
         },

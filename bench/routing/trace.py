@@ -58,6 +58,8 @@ class TraceRequest:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    block_tokens: int = TRACE_BLOCK_TOKENS
+    """Prompt tokens per hash id (fewer in a trace scaled down: `TraceSpec.scale`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,15 @@ class TraceSpec:
     """[start, end) in seconds of trace time; None: the whole trace."""
     max_output: int | None = None
     """Answers capped at this many tokens; None: as the trace has them."""
+    scale: float = 1.0
+    """Every length times this (blocks of 512 × scale tokens, each prompt's part of its
+    last block and each answer alike): the trace's structure for engines that serve
+    prompts of a fraction of its lengths (real engines on CPU)."""
+
+    @property
+    def block_tokens(self) -> int:
+        """Prompt tokens one hash id stands for, scaled."""
+        return max(1, round(TRACE_BLOCK_TOKENS * self.scale))
 
     @property
     def name(self) -> str:
@@ -80,13 +91,14 @@ class TraceSpec:
         return f"trace:{stem}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "window": self.window, "max_output": self.max_output}
+        return {"path": self.path, "window": self.window, "max_output": self.max_output,
+                "scale": self.scale}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TraceSpec:
         window = data.get("window")
         return cls(data["path"], None if window is None else (window[0], window[1]),
-                   data.get("max_output"))  # fmt: skip
+                   data.get("max_output"), float(data.get("scale", 1.0)))  # fmt: skip
 
 
 def read_trace(path: Path) -> list[TraceRequest]:
@@ -135,8 +147,8 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 
 def load_trace(spec: TraceSpec) -> list[TraceRequest]:
-    """The requests `spec` selects, their times counted from the window's start and their
-    answers capped."""
+    """The requests `spec` selects, their times counted from the window's start, their
+    lengths scaled and their answers capped."""
     requests = read_trace(Path(spec.path))
     start = 0.0
     if spec.window is not None:
@@ -144,12 +156,17 @@ def load_trace(spec: TraceSpec) -> list[TraceRequest]:
         requests = [r for r in requests if start <= r.at_s < end]
         if not requests:
             raise TraceError(f"{spec.path}: no request in the window {start:g}:{end:g} s")
+    block = spec.block_tokens
     cap = spec.max_output
-    return [
-        TraceRequest(r.at_s - start, r.input_length,
-                     r.output_length if cap is None else min(cap, r.output_length), r.hash_ids)
-        for r in requests
-    ]  # fmt: skip
+    scaled = []
+    for r in requests:
+        full = len(r.hash_ids) - 1  # the last block's part, scaled like the blocks
+        last = r.input_length - full * TRACE_BLOCK_TOKENS
+        length = full * block + max(1, round(last * block / TRACE_BLOCK_TOKENS))
+        output = max(1, round(r.output_length * spec.scale))
+        output = output if cap is None else min(cap, output)
+        scaled.append(TraceRequest(r.at_s - start, length, output, r.hash_ids, block))
+    return scaled
 
 
 def reused_blocks(
@@ -181,7 +198,7 @@ def cached_tokens(request: TraceRequest, blocks: int, block_size: int) -> int:
     """Prompt tokens of `request` an engine of `block_size` serves from cache when `blocks`
     of its leading trace blocks are there (whole engine blocks; the last token is always
     computed)."""
-    tokens = min(blocks * TRACE_BLOCK_TOKENS, request.input_length - 1)
+    tokens = min(blocks * request.block_tokens, request.input_length - 1)
     return tokens // block_size * block_size
 
 
@@ -221,7 +238,7 @@ def sessions(requests: Sequence[TraceRequest]) -> list[int]:
         if session is None:
             session, opened = opened, opened + 1
         numbers.append(session)
-        full = len(ids) - (request.input_length % TRACE_BLOCK_TOKENS != 0)
+        full = len(ids) - (request.input_length % request.block_tokens != 0)
         if full >= MIN_SESSION_BLOCKS:
             latest[ids[:full]] = session
     return numbers
@@ -249,17 +266,24 @@ class TraceText:
     """The text of trace blocks: 512 single-token words per hash id, drawn by a generator
     seeded with the id, so that the same id is the same text in every process."""
 
-    def __init__(self, vocabulary: Sequence[str], seed: int, cache_blocks: int = 4096) -> None:
+    def __init__(
+        self,
+        vocabulary: Sequence[str],
+        seed: int,
+        cache_blocks: int = 4096,
+        block_tokens: int = TRACE_BLOCK_TOKENS,
+    ) -> None:
         self._words = [" " + word for word in vocabulary]
         self._seed = seed
         self._cache: OrderedDict[int, list[str]] = OrderedDict()
         self._cache_blocks = cache_blocks
+        self._block_tokens = block_tokens
 
     def block(self, hash_id: int) -> list[str]:
         words = self._cache.get(hash_id)
         if words is None:
             rng = random.Random(f"trace-block-{self._seed}-{hash_id}")
-            words = rng.choices(self._words, k=TRACE_BLOCK_TOKENS)
+            words = rng.choices(self._words, k=self._block_tokens)
             self._cache[hash_id] = words
             if len(self._cache) > self._cache_blocks:
                 self._cache.popitem(last=False)
@@ -277,7 +301,7 @@ class TraceText:
 def trace_script(spec: TraceSpec, seed: int, vocabulary: Sequence[str]) -> Script:
     """The script of a trace slice: one one-turn conversation per request, at its time."""
     requests = load_trace(spec)
-    text = TraceText(vocabulary, seed)
+    text = TraceText(vocabulary, seed, block_tokens=spec.block_tokens)
     numbers = sessions(requests)
     conversations = tuple(
         Conversation(f"s{session:05d}", size_class(request.input_length),
@@ -287,4 +311,4 @@ def trace_script(spec: TraceSpec, seed: int, vocabulary: Sequence[str]) -> Scrip
     )  # fmt: skip
     blocks = len({block for request in requests for block in request.hash_ids})
     return Script(spec.name, conversations, {}, seed, arrivals=tuple(r.at_s for r in requests),
-                  trace_blocks=blocks, trace_block_tokens=TRACE_BLOCK_TOKENS)  # fmt: skip
+                  trace_blocks=blocks, trace_block_tokens=requests[0].block_tokens)  # fmt: skip

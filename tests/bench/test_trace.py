@@ -8,6 +8,7 @@ replayed by the benchmark, not by the suite.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from bench.harness.vllm_model import BENCH_SHAPE
+from bench.routing.engines import EngineChoice, RealEngines
 from bench.routing.fleet import (
     BLOCK_SIZE,
     TRACE_KV_TOKENS,
@@ -283,3 +286,41 @@ def test_a_traces_targets_are_the_tail_the_cache_and_the_balance() -> None:
         lines
     )
     assert "  ✗ TTFT p90 ≥ 1.5× lower than round-robin's: 1.5×" in lines
+
+
+def test_a_scaled_trace_keeps_its_structure_in_shorter_blocks(tmp_path: Path) -> None:
+    """Engines that serve a fraction of the trace's lengths (real ones on CPU) get every
+    length times the scale: blocks of 512 × scale tokens, each prompt's last block and its
+    answer alike, the hash ids as they are."""
+    path = _write(tmp_path / "t.jsonl", CONVERSATION)
+    spec = TraceSpec(str(path), scale=1 / 16)
+    assert spec.block_tokens == 32
+    requests = load_trace(spec)
+    # 2 × 512 + 100 → 2 × 32 + round(100 / 16); 4 × 512 + 1 → 4 × 32 + 1 (at least a token)
+    assert [r.input_length for r in requests] == [70, 33, 96, 129, 64]
+    assert [r.output_length for r in requests] == [1, 1, 1, 1, 56]
+    assert all(r.block_tokens == 32 for r in requests)
+    tokenizer = SimTokenizer()
+    script = trace_script(spec, seed=0, vocabulary=VOCABULARY)
+    prompts = [tokenizer.encode(c.turns[0].request_messages()[0]["content"])
+               for c in script.conversations]  # fmt: skip
+    assert [len(p) for p in prompts] == [70, 33, 96, 129, 64]
+    assert prompts[2][:64] == prompts[0][:64] and prompts[2][64] != prompts[0][64]
+    assert prompts[3][:96] == prompts[2]  # the third's whole prompt, then more
+    assert TraceSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+def test_engines_are_a_count_of_simulated_ones_or_of_real_vllm_ones() -> None:
+    assert EngineChoice.parse("8") == EngineChoice(8, "sim")
+    real = EngineChoice.parse("vllm:2")
+    assert real == EngineChoice(2, "vllm") and real.real
+    for bad in ("0", "vllm:0", "sglang:2", "two", "vllm:"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            EngineChoice.parse(bad)
+
+
+def test_real_engines_admit_the_longest_request_in_whole_vllm_blocks() -> None:
+    plan = plan_trace_fleet([TraceRequest(0, 1000, 50, (0, 1))], 2, 1.0, kv_tokens=20_000)
+    fitted = RealEngines.context(plan, 1050)
+    assert fitted.max_model_len % 32 == 0 and fitted.max_model_len >= 1050
+    assert RealEngines.context(plan, 10**6).max_model_len == BENCH_SHAPE.max_model_len
