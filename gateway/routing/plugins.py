@@ -162,6 +162,7 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
         placement_key=params.choice("placement_key", "load", ("load", "conversations", "work")),
         placement_shared=params.choice("placement_shared", "best", ("best", "replicated")),
         arrival_basis=params.choice("arrival_basis", "requests", ("requests", "cached")),
+        chunk_tokens=params.integer("chunk_tokens", 0, low=0),
         placement_load_tolerance=params.number("placement_load_tolerance", 0.0, high=10.0),
         tpot_tolerance=params.number("tpot_tolerance", 0.5, high=10.0),
         tpot_ranking=params.flag("tpot_ranking", False),

@@ -133,6 +133,7 @@ class MinPredictedTtftPicker:
         shed: bool = False,
         arrival_basis: str = "requests",
         placement_shared: str = "best",
+        chunk_tokens: int = 0,
     ) -> None:
         self._cost = cost
         self._block_size = block_size
@@ -162,6 +163,7 @@ class MinPredictedTtftPicker:
         self.shed = shed
         self.arrival_basis = arrival_basis
         self.placement_shared = placement_shared
+        self.chunk_tokens = chunk_tokens
 
     def rank(
         self,
@@ -206,7 +208,7 @@ class MinPredictedTtftPicker:
         repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         objectives = slo is not None or slo_tpot is not None
-        plain = not placing and not self.affinity_tolerance
+        plain = not placing and not self.affinity_tolerance and not self.chunk_tokens
         if plain and not objectives:
             # Only the TTFT (and the charges for the capacity and the delays to others)
             # counts: ranked and its near-ties ordered in one compiled pass.
@@ -258,7 +260,16 @@ class MinPredictedTtftPicker:
             # What sending it there costs the requests already waiting for that pod's next
             # step: they are admitted with it, and each waits out its prefill too.
             weight = self.delay_weight
-            delays = self._cost.rank_delays(pods, names, prefills)
+            delaying = prefills
+            if self.chunk_tokens:
+                # an engine prefills a long prompt a chunk per step (after those waiting):
+                # it holds up the requests admitted with it by one chunk at most
+                chunk, prompt = float(self.chunk_tokens), float(request.prompt_tokens)
+                delaying = [
+                    prefill * min(1.0, chunk / own) if (own := prompt - held) > 0 else prefill
+                    for prefill, held in zip(prefills, cached, strict=True)
+                ]
+            delays = self._cost.rank_delays(pods, names, delaying)
             costs = [cost + weight * delay for cost, delay in zip(costs, delays, strict=True)]
         if self.arrival_weight:
             # What its prefill there costs the requests that reach that pod while it runs
