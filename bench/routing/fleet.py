@@ -31,9 +31,9 @@ BLOCK_SIZE = 16
 WALL_RATE = 40.0
 """Requests per wall second at 100 % load, unless a run sets its time scale: what the
 machine's cores carry beside the engines' and routers' own work."""
-TRACE_WALL_RATE = 6.0
+TRACE_WALL_RATE = 12.0
 """The same for a replayed trace, whose prompts are ten times longer (more CPU each to
-tokenize, hash and relay)."""
+tokenize, hash and relay): at it, a trace run keeps under one of 2 cores busy."""
 TEMPLATE_MARGIN = 64
 """Context a trace's engines allow beyond its longest request: the chat template's tokens."""
 TRACE_KV_TOKENS = 320_000
