@@ -179,6 +179,7 @@ class Router:
         match_started = self._clock()
         match = self._table.match(context, hashes, names) if hashes else None
         self._stages["match"].observe(self._clock() - match_started)
+        opens = kind == "chat" and opens_conversation(body)
         return RoutingRequest(
             model,
             context,
@@ -194,7 +195,8 @@ class Router:
             slo_ttft_s=slo_ttft_s,
             slo_tpot_s=slo_tpot_s,
             streamed=bool(body.get("stream")),
-            opens_conversation=kind == "chat" and opens_conversation(body),
+            opens_conversation=opens,
+            preamble_share=preamble_share(body) if opens else 0.0,
             candidates=serving,
             routable=routable,
             routable_names=routable_names,
@@ -237,7 +239,6 @@ class Router:
             streamed=routed.request.streamed,
             # only a tokenized prompt's prediction knows its cached share: learn from those
             learn=routed.request.prompt_blocks > 0,
-            opens=routed.request.opens_conversation,
             prompt_tokens=routed.request.prompt_tokens,
         )
         if self.sync is not None:
@@ -409,6 +410,32 @@ def opens_conversation(body: Mapping[str, Any]) -> bool:
         isinstance(m, Mapping) and m.get("role") in ("assistant", "tool", "function")
         for m in messages
     )
+
+
+def preamble_share(body: Mapping[str, Any]) -> float:
+    """The share of a chat's text in its leading system (or developer) messages: the part a
+    new conversation may share with others (its system prompt), by characters."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return 0.0
+    lengths = [len(message_text(m)) if isinstance(m, Mapping) else 0 for m in messages]
+    preamble = 0
+    for message, length in zip(messages, lengths, strict=True):
+        if not isinstance(message, Mapping) or message.get("role") not in ("system", "developer"):
+            break
+        preamble += length
+    total = sum(lengths)
+    return preamble / total if total else 0.0
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """A message's text: its content, or its text parts joined."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    return ""
 
 
 def log_prediction(ticket: Ticket, observed_s: float) -> None:

@@ -248,10 +248,6 @@ class _PodWork:
     busy_s: float = 0.0
     """The predicted prefill seconds of the requests routed here (decaying likewise)."""
     activity_at: float = 0.0
-    conversations: float = 0.0
-    """Conversations placed here (first turns), each decaying with `conversation_window_s`
-    (as of `conversations_at`): an estimate of the conversations it carries."""
-    conversations_at: float = 0.0
     at_scrape: tuple[float | None, int, int] = (None, 0, 0)
     """(scrape time, our prefilling, our decoding) when that scrape's answer arrived."""
     unobserved: list[tuple[float, int, Ticket]] = field(default_factory=list)
@@ -445,7 +441,6 @@ class CostModel:
         delay_weight: float = 0.0,
         arrival_weight: float = 0.0,
         prefill_weight: float = 0.0,
-        arrival_basis: str = "requests",
     ) -> tuple[list[int], int, int]:
         """`rank_costs`' TTFTs, each charged `prefill_weight` times its own prefill,
         `delay_weight` times `rank_delays` and `arrival_weight` times `rank_arrivals`,
@@ -454,7 +449,7 @@ class CostModel:
         cached tokens; how many are within it; how many of those hold as much as the
         first)."""
         ranking, now = self._current_ranking(pods, names)
-        rates = self._rates(ranking, now, arrival_basis) if arrival_weight else []
+        rates = self._rates(ranking, now) if arrival_weight else []
         held, prompt = self.work_of(cached, prompt_tokens)
         return self.kernels.affine_order(
             ranking.bases, ranking.units, ranking.ends, held, prompt,
@@ -463,26 +458,20 @@ class CostModel:
         )  # fmt: skip
 
     def rank_arrivals(
-        self,
-        pods: Sequence[ScrapedPod],
-        names: Sequence[str] | None,
-        prefills: list[float],
-        basis: str = "requests",
+        self, pods: Sequence[ScrapedPod], names: Sequence[str] | None, prefills: list[float]
     ) -> list[float]:
-        """Per pod (in the order of `pods`), the requests that reach it while a prefill of
-        `prefills[i]` runs there, times that prefill (`kernels.arrivals`): half of it is
-        the time they wait out between them."""
+        """Per pod (in the order of `pods`), the requests its cache binds to it that reach
+        it while a prefill of `prefills[i]` runs there, times that prefill
+        (`kernels.arrivals`): half of it is the time they wait out between them."""
         ranking, now = self._current_ranking(pods, names)
-        return arrivals(prefills, self._rates(ranking, now, basis))
+        return arrivals(prefills, self._rates(ranking, now))
 
-    def _rates(self, ranking: _Ranking, now: float, basis: str = "requests") -> list[float]:
-        """Each candidate's `arrival_rate` as of `now`, from the ranking's activities
-        (`basis` "cached": each request weighted by the share of it the pod held)."""
+    def _rates(self, ranking: _Ranking, now: float) -> list[float]:
+        """Each candidate's `bound_rate` as of `now`, from the ranking's terms."""
         window = self.params.activity_window_s
-        counts = ranking.bounds if basis == "cached" else ranking.activities
         return [
-            _decayed(count, now - at, window) / window
-            for count, at in zip(counts, ranking.active_at, strict=True)
+            _decayed(bound, now - at, window) / window
+            for bound, at in zip(ranking.bounds, ranking.active_at, strict=True)
         ]
 
     def _current_ranking(
@@ -728,12 +717,10 @@ class CostModel:
         *,
         streamed: bool,
         learn: bool = True,
-        opens: bool = False,
         prompt_tokens: float = 0.0,
     ) -> Ticket:
         """The request goes to `prediction.pod` now: its prefill joins that pod's queue.
-        `learn`: its observed TTFT may train the model (its features were known); `opens`:
-        it is a conversation's first turn (the pod will carry the conversation);
+        `learn`: its observed TTFT may train the model (its features were known);
         `prompt_tokens`: its prompt's, of which the pod held all but `own_tokens`."""
         work = self._work(prediction.pod)
         now = self._clock()
@@ -750,9 +737,6 @@ class CostModel:
         work.bound = work.bound * decay + held
         work.busy_s = work.busy_s * decay + prediction.own_prefill_s()
         work.activity_at = now
-        if opens:
-            work.conversations = self._decayed_conversations(work, now) + 1.0
-            work.conversations_at = now
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
         work.mean_tokens += (prediction.own_tokens - work.mean_tokens) * 0.05
@@ -859,10 +843,16 @@ class CostModel:
         """Requests routed to `pod` per second lately (`activity` over its window)."""
         return self.activity(pod) / self.params.activity_window_s
 
-    def load(self, pod: str) -> float:
-        """`activity` × the pod's speed: the time its recent traffic costs it, in units of
-        an average pod's (what placements balance on a mixed fleet)."""
-        return self.activity(pod) * self.speed(pod)
+    def bound_rate(self, pod: str) -> float:
+        """Of `arrival_rate`, the requests bound to `pod` by its cache: each weighted by the
+        share of its prompt the pod held. Only those keep coming while a long prefill runs
+        there; the others are routed elsewhere at no cost of theirs (what `arrival_weight`
+        charges for)."""
+        work = self._pods.get(pod)
+        if work is None:
+            return 0.0
+        window = self.params.activity_window_s
+        return _decayed(work.bound, self._clock() - work.activity_at, window) / window
 
     def busy(self, pod: str) -> float:
         """The predicted prefill seconds of the requests routed to `pod` lately (decayed):
@@ -873,18 +863,6 @@ class CostModel:
         return _decayed(
             work.busy_s, self._clock() - work.activity_at, self.params.activity_window_s
         )
-
-    def carried(self, pod: str) -> float:
-        """Conversations placed on `pod` lately (decayed) × its speed: the time the
-        conversations it carries will cost it, in units of an average pod's."""
-        work = self._pods.get(pod)
-        if work is None:
-            return 0.0
-        return self._decayed_conversations(work, self._clock()) * self.speed(pod)
-
-    def _decayed_conversations(self, work: _PodWork, now: float) -> float:
-        window = self.params.conversation_window_s
-        return _decayed(work.conversations, now - work.conversations_at, window)
 
     def _decayed_activity(self, work: _PodWork, now: float) -> float:
         return _decayed(work.activity, now - work.activity_at, self.params.activity_window_s)

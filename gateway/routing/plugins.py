@@ -25,7 +25,11 @@ from gateway.routing.pickers import (
     RoundRobinPicker,
     SessionPicker,
 )
-from gateway.routing.predicted import MinPredictedTtftPicker, PredictedTtftScorer
+from gateway.routing.predicted import (
+    DEFAULT_CHUNK_TOKENS,
+    MinPredictedTtftPicker,
+    PredictedTtftScorer,
+)
 from gateway.routing.profile import Preference
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
 from indexer import Tier
@@ -159,10 +163,7 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
             if params.flag("placement", True)
             else -1.0
         ),
-        placement_key=params.choice("placement_key", "load", ("load", "conversations", "work")),
-        placement_shared=params.choice("placement_shared", "best", ("best", "replicated")),
-        arrival_basis=params.choice("arrival_basis", "requests", ("requests", "cached")),
-        chunk_tokens=params.integer("chunk_tokens", 0, low=0),
+        chunk_tokens=params.integer("chunk_tokens", DEFAULT_CHUNK_TOKENS, low=1),
         placement_load_tolerance=params.number("placement_load_tolerance", 0.0, high=10.0),
         tpot_tolerance=params.number("tpot_tolerance", 0.5, high=10.0),
         tpot_ranking=params.flag("tpot_ranking", False),

@@ -12,6 +12,10 @@ from gateway.routing.kernels import most_cached_first, near_ties
 from gateway.routing.request import RoutingRequest
 from indexer import MatchResult, Tier
 
+DEFAULT_CHUNK_TOKENS = 8192
+"""vLLM's `max_num_batched_tokens` for an OpenAI server on a large GPU, and SGLang's
+`chunked_prefill_size` there."""
+
 
 def cached_tokens(
     cost: CostModel, block_size: int, match: MatchResult | None, names: list[str] | tuple[str, ...]
@@ -84,17 +88,22 @@ class MinPredictedTtftPicker:
 
     `prefill_weight` charges the request's own prefill on a pod that much again: the
     compute a cache miss burns is capacity every later request loses, which this request's
-    own TTFT does not see (0: pure TTFT). `arrival_weight` charges what its prefill costs
-    the requests that reach the pod while it runs (at the pod's recent rate, each waiting
-    out half of it): quadratic in the prefill, so it weighs on moving a long history.
+    own TTFT does not see (0: pure TTFT). `delay_weight` charges what its prefill adds to
+    the requests waiting for the pod's next step (a prompt longer than the engines'
+    prefill chunk, `chunk_tokens`, holds them up by one chunk at most); `arrival_weight`
+    what it costs the requests its cache binds to the pod that arrive while it runs (at
+    their recent rate, each waiting out half of it): quadratic in the prefill, so it weighs
+    on moving a long history.
 
     A conversation's first turn is a placement: its later turns follow it to its pod, so
     it goes where the conversation will be served fastest, not where this one request is —
-    ranked as if every pod held the best-matched shared prefix (a system prompt is
-    prefilled once per pod, then serves every conversation placed there), and among pods
-    within `placement_tolerance` of the best, to the least loaded one for its speed
-    (`placement_key`: requests lately, or conversations placed lately): the instantaneous
-    queue misses conversations between their turns. Without
+    ranked as if every pod held the shared prefix — its system messages, or more where two
+    pods or more hold more (a system prompt is prefilled once per pod, then serves every
+    conversation placed there; a conversation's own history, held by one pod, is no shared
+    prefix) — and among
+    pods within `placement_tolerance` of the best, to the one with the least predicted
+    prefill work routed to it lately: the instantaneous queue misses conversations between
+    their turns, and prompts differ in size a hundredfold. Without
     this, every new conversation follows its system prompt to one pod and stays there.
     With `placement_load_tolerance`, loads within that share of the least count as equal,
     and among those the pods that hold the shared prefix go first: a balance not needed
@@ -126,14 +135,11 @@ class MinPredictedTtftPicker:
         arrival_weight: float = 0.0,
         probe_rate: float = 0.02,
         placement_tolerance: float = 0.25,
-        placement_key: str = "load",
         placement_load_tolerance: float = 0.0,
         tpot_tolerance: float = 0.5,
         tpot_ranking: bool = False,
         shed: bool = False,
-        arrival_basis: str = "requests",
-        placement_shared: str = "best",
-        chunk_tokens: int = 0,
+        chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     ) -> None:
         self._cost = cost
         self._block_size = block_size
@@ -145,7 +151,6 @@ class MinPredictedTtftPicker:
         self.arrival_weight = arrival_weight
         self.probe_rate = probe_rate
         self.placement_tolerance = placement_tolerance
-        self.placement_key = placement_key
         self.placement_load_tolerance = placement_load_tolerance
         self.tpot_tolerance = tpot_tolerance
         """A pod predicted within this share above a TPOT objective counts as meeting it:
@@ -161,9 +166,10 @@ class MinPredictedTtftPicker:
         its pod runs meanwhile, which a move off its cache adds to. A fleet whose pods
         decode at different speeds than they prefill is where it can pay."""
         self.shed = shed
-        self.arrival_basis = arrival_basis
-        self.placement_shared = placement_shared
         self.chunk_tokens = chunk_tokens
+        """The engines' prefill chunk (vLLM's `max_num_batched_tokens`, SGLang's
+        `chunked_prefill_size`): a longer prompt is prefilled a chunk per step, so it holds
+        up the requests admitted with it by one chunk, not by all of it."""
 
     def rank(
         self,
@@ -208,13 +214,16 @@ class MinPredictedTtftPicker:
         repeat = match is not None and 0 < request.prompt_blocks <= match.longest()
         placing = request.opens_conversation and self.placement_tolerance >= 0.0 and not repeat
         objectives = slo is not None or slo_tpot is not None
-        plain = not placing and not self.affinity_tolerance and not self.chunk_tokens
+        # (a prompt longer than a chunk delays those waiting by less than its prefill: the
+        # slower path charges that)
+        long = request.prompt_tokens > self.chunk_tokens and bool(self.delay_weight)
+        plain = not placing and not self.affinity_tolerance and not long
         if plain and not objectives:
             # Only the TTFT (and the charges for the capacity and the delays to others)
             # counts: ranked and its near-ties ordered in one compiled pass.
             order, _, equal = self._cost.rank_order(
                 pods, cached, request.prompt_tokens, names, self.tie_tolerance, self.delay_weight,
-                self.arrival_weight / 2.0, self.prefill_weight, self.arrival_basis,
+                self.arrival_weight / 2.0, self.prefill_weight,
             )  # fmt: skip
             probed = self._probed(order, names)
             if probed is not None:
@@ -241,11 +250,13 @@ class MinPredictedTtftPicker:
             # As if every pod held as much as the best (the shared prefix): each pod's own
             # prefill scaled down to the least any pod has to do.
             held, prompt = self._cost.work_of(cached, request.prompt_tokens)
-            shared = max(held)
-            if self.placement_shared == "replicated":
-                # the prefix at least two pods hold: a conversation's own history (on one
-                # pod) is no shared prefix, and its holder keeps what it holds
-                shared = sorted(held)[-2] if len(held) > 1 else 0.0
+            # The shared prefix: what two pods or more hold, or its system messages (held
+            # anywhere; a system prompt is prefilled once per pod). A conversation's own
+            # history, on one pod, is none: its holder keeps what it holds.
+            preamble = self._cost.work_of((), request.preamble_share * request.prompt_tokens)[1]
+            ranked = sorted(held)
+            second = ranked[-2] if len(ranked) > 1 else 0.0
+            shared = max(second, min(ranked[-1], preamble))
             least = prompt - shared
             costs = [
                 ttft - prefill * (1.0 - least / own) if (own := prompt - pod_held) > least else ttft
@@ -260,22 +271,20 @@ class MinPredictedTtftPicker:
             # What sending it there costs the requests already waiting for that pod's next
             # step: they are admitted with it, and each waits out its prefill too.
             weight = self.delay_weight
-            delaying = prefills
-            if self.chunk_tokens:
-                # an engine prefills a long prompt a chunk per step (after those waiting):
-                # it holds up the requests admitted with it by one chunk at most
-                chunk, prompt = float(self.chunk_tokens), float(request.prompt_tokens)
-                delaying = [
-                    prefill * min(1.0, chunk / own) if (own := prompt - held) > 0 else prefill
-                    for prefill, held in zip(prefills, cached, strict=True)
-                ]
+            # an engine prefills a long prompt a chunk per step (after those waiting): it
+            # holds up the requests admitted with it by one chunk at most
+            chunk, tokens = float(self.chunk_tokens), float(request.prompt_tokens)
+            delaying = [
+                prefill * min(1.0, chunk / own) if (own := tokens - held) > 0 else prefill
+                for prefill, held in zip(prefills, cached, strict=True)
+            ]
             delays = self._cost.rank_delays(pods, names, delaying)
             costs = [cost + weight * delay for cost, delay in zip(costs, delays, strict=True)]
         if self.arrival_weight:
             # What its prefill there costs the requests that reach that pod while it runs
             # (at the pod's recent rate): each waits out the rest of it, half on average.
             weight = self.arrival_weight / 2.0
-            charged = self._cost.rank_arrivals(pods, names, prefills, self.arrival_basis)
+            charged = self._cost.rank_arrivals(pods, names, prefills)
             costs = [cost + weight * each for cost, each in zip(costs, charged, strict=True)]
         order = self._cost.kernels.argsort(costs)
         probed = self._probed(order, names)
@@ -296,24 +305,24 @@ class MinPredictedTtftPicker:
         ties = near_ties(order, costs, tolerance)
         if ties > 1:
             if placing:
-                # The least loaded for its speed: a pod twice as slow carries half as much.
-                load = {"conversations": self._cost.carried, "work": self._cost.busy}.get(
-                    self.placement_key, self._cost.load
-                )
+                # The least work routed there lately (predicted on each pod: a pod twice as
+                # slow carries half as much).
+                load = self._cost.busy
                 head = order[:ties]
                 self._rng.shuffle(head)  # equals in load and match: none favoured by place
                 loads = {i: load(names[i]) for i in head}
+                one = max(min(prefills), 1e-9)  # a request like this one, in that work
                 if self.placement_load_tolerance > 0.0:
-                    # Loads within the tolerance of the least (or within one request of it,
-                    # while the pods are nearly idle) are equal: among those, the pods that
-                    # hold the shared prefix (as much of the prompt as any, within a tenth)
-                    # go first, the least loaded of them first. A block more or less of a
-                    # prefix every pod holds is no reason to load one pod more.
-                    bar = min(loads.values()) * (1.0 + self.placement_load_tolerance) + 1.0
+                    # Loads within the tolerance of the least (or within one request like
+                    # this one of it, while the pods are nearly idle) are equal: among those,
+                    # the pods that hold the shared prefix (as much of the prompt as any,
+                    # within a tenth) go first, the least loaded of them first. A block more
+                    # or less of a prefix every pod holds is no reason to load one pod more.
+                    bar = min(loads.values()) * (1.0 + self.placement_load_tolerance) + one
                     holds = 0.9 * max(cached[i] for i in head)
                     head.sort(key=lambda i: (loads[i] > bar, cached[i] < holds, loads[i]))
                 else:
-                    head.sort(key=lambda i: (round(loads[i], 1), -cached[i]))
+                    head.sort(key=lambda i: (round(loads[i] / one, 1), -cached[i]))
                 order[:ties] = head
             else:
                 # Near-equal predictions: keep the cache warm where it already is; among pods

@@ -36,6 +36,9 @@ class RoutingRequest:
     opens_conversation: bool = False
     """A chat's first turn (no assistant or tool message yet): where it goes, its later
     turns follow, so its pod is a placement, not just this request's fastest answer."""
+    preamble_share: float = 0.0
+    """Of a first turn's text, the share in its leading system (or developer) messages:
+    the part it may share with other conversations."""
     candidates: Sequence[PodState] | None = None
     """The pods the router's decision starts from (the model's serving pods)."""
     routable: Sequence[PodState] | None = None

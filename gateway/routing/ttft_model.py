@@ -68,8 +68,6 @@ class CostParams:
     TPOT model's prior is scaled by it too)."""
     activity_window_s: float = 10.0
     """Time constant of each pod's decayed count of requests routed to it (its activity)."""
-    conversation_window_s: float = 120.0
-    """Time constant of each pod's decayed count of conversations placed on it."""
     speed_rate: float = 0.05
     """How far one answer moves a pod's speed toward what it showed, once it has a few."""
     max_speed_step: float = 0.5

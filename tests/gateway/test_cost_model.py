@@ -47,10 +47,13 @@ def request(tokens: int, *, slo_s: float | None = None) -> RoutingRequest:
                           slo_ttft_s=slo_s)  # fmt: skip
 
 
-def serve(cost: CostModel, clock: Clock, name: str, tokens: int, true_ttft: float) -> float:
-    """Route one streamed request to `name`, answer it after `true_ttft`, finish it."""
-    prediction = cost.predict(name, tokens, 0.0)
-    ticket = cost.start(prediction, streamed=True)
+def serve(
+    cost: CostModel, clock: Clock, name: str, tokens: int, true_ttft: float, cached: float = 0.0
+) -> float:
+    """Route one streamed request to `name` (`cached` of its `tokens` held there), answer it
+    after `true_ttft`, finish it."""
+    prediction = cost.predict(name, tokens, cached)
+    ticket = cost.start(prediction, streamed=True, prompt_tokens=tokens)
     clock.now += true_ttft
     observed = cost.first_byte(ticket)
     cost.finish(ticket)
@@ -381,22 +384,26 @@ def test_pods_never_answered_follow_the_fleets_live_model() -> None:
     assert cost.predict("b", 1000, 0.0).ttft_s == pytest.approx(0.030, rel=0.2)
 
 
-def test_first_turns_are_placed_by_activity_despite_a_shared_prefix() -> None:
+def test_first_turns_are_placed_by_work_despite_a_shared_prefix() -> None:
     """A new conversation does not follow its system prompt to the one pod that holds it
-    (where all its later turns would then pile up): pods are ranked as if each held the
-    shared prefix and the least active within the tolerance gets it. A later turn, whose
-    conversation the holder alone has, stays there."""
+    (where all its later turns would then pile up): pods are ranked as if each held its
+    system messages and the one with the least work routed to it lately, within the
+    tolerance, gets it. A later turn, whose conversation the holder alone has, stays there;
+    so does a first turn without system messages whose start the holder alone has (a
+    conversation's history sent as one message, as replayed traces send it)."""
     clock = Clock()
     names = ("holder", "other")
     table, system, cost = _system_prompt_on_the_holder(clock)
     picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0))
     pods = [pod(name) for name in names]
 
-    def place(prompt: list[int], *, opens: bool) -> str:
+    def place(prompt: list[int], *, opens: bool, system_messages: bool = True) -> str:
         hashes = table.prefix_hashes(prompt)
         match = table.match(ModelContext(MODEL), hashes, list(names))
+        share = len(system) / len(prompt) if opens and system_messages else 0.0
         req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
-                             prompt_tokens=len(prompt), opens_conversation=opens)  # fmt: skip
+                             prompt_tokens=len(prompt), opens_conversation=opens,
+                             preamble_share=share)  # fmt: skip
         chosen = picker.rank(req, pods, {})[0].name
         prediction = predict_all(cost, BLOCK, req, [pods[names.index(chosen)]])[chosen]
         cost.finish(cost.start(prediction, streamed=True))
@@ -407,6 +414,9 @@ def test_first_turns_are_placed_by_activity_despite_a_shared_prefix() -> None:
     assert first_turns == {"holder": 5, "other": 5}
     later = Counter(place(system + [20_000 + i] * 3 * BLOCK, opens=False) for i in range(4))
     assert later == {"holder": 4}  # no placement: the cache saving decides
+    history = Counter(place(system + [25_000 + i] * 3 * BLOCK, opens=True, system_messages=False)
+                      for i in range(4))  # fmt: skip
+    assert history == {"holder": 4}  # its holder keeps what it holds
     asked = system + [30_000] * 3 * BLOCK
     table.add_prefix("other", ModelContext(MODEL), table.prefix_hashes(asked))
     for _ in range(4):  # "other" is the more active now, but holds the whole prompt: a repeat
@@ -587,36 +597,43 @@ def test_prefill_weight_charges_the_capacity_a_cache_miss_burns() -> None:
     cost.finish(stepping)
 
 
-def test_arrival_weight_charges_what_a_prefill_costs_the_requests_arriving_during_it() -> None:
+def test_arrival_weight_charges_what_a_prefill_costs_the_requests_bound_to_the_pod() -> None:
     """Two pods as fast as each other: one with a request waiting, one idle that was just
-    sent a burst.
-    By its own TTFT a long prompt goes to the idle one; charged for the requests that reach
-    that pod while its prefill runs (`arrival_weight`: the pod's recent rate × the prefill
-    × half of it, each waiting out the rest), to the one with less traffic."""
-    clock = Clock()
-    cost = _trained_fleet(clock, {"quiet": 1.0, "busy": 1.0})
-    clock.now += 200.0  # the training's traffic is forgotten
-    for _ in range(40):
-        serve(cost, clock, "busy", 200, 0.011)
-    waiting = cost.start(cost.predict("quiet", 300, 0.0), streamed=True)
+    sent a burst. By its own TTFT a long prompt goes to the idle one; charged for the
+    requests that reach that pod while its prefill runs (`arrival_weight`: their recent
+    rate × the prefill × half of it, each waiting out the rest), to the one with less
+    traffic — when the burst is bound to its pod by what the pod holds (turns of the
+    conversations it serves). A burst that found nothing cached there (one-shot prompts)
+    keeps no such rate: those requests go elsewhere while the prefill runs, at no cost of
+    theirs, and the long prompt takes the idle pod."""
+    names = ("quiet", "busy")
     pods = [pod("quiet"), pod("busy")]
     req = request(6000)
-    ttfts, prefills = cost.rank_costs(pods, [0.0, 0.0], 6000)
-    assert ttfts[1] < ttfts[0]
-    names = ("quiet", "busy")
-    rates = [cost.arrival_rate(name) for name in names]
-    assert rates[1] == pytest.approx(40 / cost.params.activity_window_s, rel=0.05)
-    assert rates[0] == pytest.approx(1 / cost.params.activity_window_s, rel=0.05)
-    ranked = {}
-    for weight in (0.0, 1.0):
-        ranked[weight] = _ranking(cost, req, pods, arrival_weight=weight)
-        charged = {
-            name: ttft + weight / 2 * rate * prefill**2
-            for name, ttft, rate, prefill in zip(names, ttfts, rates, prefills, strict=True)
-        }
-        assert ranked[weight] == sorted(charged, key=charged.__getitem__)
-    assert ranked == {0.0: ["busy", "quiet"], 1.0: ["quiet", "busy"]}
-    cost.finish(waiting)
+    for held, expected in ((180.0, ["quiet", "busy"]), (0.0, ["busy", "quiet"])):
+        clock = Clock()
+        cost = _trained_fleet(clock, {"quiet": 1.0, "busy": 1.0})
+        clock.now += 200.0  # the training's traffic is forgotten
+        for _ in range(40):
+            serve(cost, clock, "busy", 200, 0.011, cached=held)
+        waiting = cost.start(cost.predict("quiet", 300, 0.0), streamed=True, prompt_tokens=300)
+        ttfts, prefills = cost.rank_costs(pods, [0.0, 0.0], 6000)
+        assert ttfts[1] < ttfts[0]
+        rates = [cost.bound_rate(name) for name in names]
+        bound = 1.0 - cost.predict("busy", 200, held).own_tokens / cost.work_of((), 200)[1]
+        assert cost.arrival_rate("busy") == pytest.approx(40 / cost.params.activity_window_s,
+                                                          rel=0.05)  # fmt: skip
+        assert rates[1] == pytest.approx(40 * bound / cost.params.activity_window_s, rel=0.05)
+        assert rates[0] == 0.0  # the one waiting there found nothing cached
+        ranked = {}
+        for weight in (0.0, 1.0):
+            ranked[weight] = _ranking(cost, req, pods, arrival_weight=weight)
+            charged = {
+                name: ttft + weight / 2 * rate * prefill**2
+                for name, ttft, rate, prefill in zip(names, ttfts, rates, prefills, strict=True)
+            }
+            assert ranked[weight] == sorted(charged, key=charged.__getitem__)
+        assert ranked == {0.0: ["busy", "quiet"], 1.0: expected}
+        cost.finish(waiting)
 
 
 def test_the_pickers_costs_are_the_predictions_themselves() -> None:
@@ -721,7 +738,7 @@ def test_rank_costs_follow_every_change_of_the_pods(
             assert ttft == pytest.approx(prediction.ttft_s, rel=1e-12, abs=1e-15), step
             assert prefill == pytest.approx(prediction.own_prefill_s(), rel=1e-9), step
             assert delay == pytest.approx(delay_to_waiting(prediction), rel=1e-9), step
-            rate = cost.arrival_rate(candidate.name)  # from the pod's work, now
+            rate = cost.bound_rate(candidate.name)  # from the pod's work, now
             assert arrivals == pytest.approx(rate * prefill**2, rel=1e-9, abs=1e-15), step
         # the one-pass ranking: the pods within 5 % of the best first, most cached first
         # (how many hold as much as the first: `equal`), then the rest by TTFT
@@ -762,8 +779,9 @@ def test_a_prompt_costs_its_attention_over_the_context_before_it() -> None:
 
 
 def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
-    """`placement_load_tolerance`: among the placement's near-ties, pods whose load is
-    within the tolerance of the least (or one request of it) count as equally loaded, and
+    """`placement_load_tolerance`: among the placement's near-ties, pods whose load (the
+    prefill work routed there lately) is within the tolerance of the least (or within one
+    request like this one of it) count as equally loaded, and
     the one holding the conversation's system prompt goes first (no cold prefill for a
     balance not needed); a holder loaded beyond it is passed over, as without it."""
     clock = Clock()
@@ -775,7 +793,8 @@ def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
     hashes = table.prefix_hashes(opening)
     match = table.match(ModelContext(MODEL), hashes, list(names))
     first_turn = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
-                                prompt_tokens=len(opening), opens_conversation=True)  # fmt: skip
+                                prompt_tokens=len(opening), opens_conversation=True,
+                                preamble_share=len(system) / len(opening))  # fmt: skip
 
     def load(name: str, requests: int) -> None:
         for _ in range(requests):
@@ -791,32 +810,11 @@ def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
     clock.now += 600.0
     load("holder", 11)
     load("other", 10)  # the holder carries 10 % more
-    assert cost.load("holder") > cost.load("other")
+    assert cost.busy("holder") > cost.busy("other")
     assert placed(0.0) == "other"  # the least loaded, cold or not
     assert placed(0.25) == "holder"  # loaded alike: where its system prompt is
     load("holder", 4)  # now 50 % more
     assert placed(0.25) == "other"
-
-
-def test_placement_by_conversations_counts_first_turns_not_requests() -> None:
-    """`placement_key = "conversations"`: a pod carrying one busy conversation is less
-    loaded than one carrying three quiet ones (the request-rate key says the opposite)."""
-    clock = Clock()
-    cost = _trained_fleet(clock, {"one": 1.0, "three": 1.0})
-    clock.now += 600.0  # the training traffic has decayed away
-    cost.finish(cost.start(cost.predict("one", 100, 0.0), streamed=True, opens=True))
-    for _ in range(10):  # that conversation's later turns
-        cost.finish(cost.start(cost.predict("one", 100, 0.0), streamed=True))
-    for _ in range(3):  # three conversations that said one thing each
-        cost.finish(cost.start(cost.predict("three", 100, 0.0), streamed=True, opens=True))
-    assert cost.carried("one") < cost.carried("three")
-    assert cost.load("one") > cost.load("three")
-    pods = [pod("one"), pod("three")]
-    opening = RoutingRequest(MODEL, ModelContext(MODEL), 4, None, prompt_tokens=4 * BLOCK,
-                             opens_conversation=True)  # fmt: skip
-    for key, expected in (("conversations", "one"), ("load", "three")):
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), placement_key=key)
-        assert picker.rank(opening, pods, {})[0].name == expected, key
 
 
 def _replay(run: list[list[Any]], params: CostParams | None = None) -> list[float]:
