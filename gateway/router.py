@@ -233,21 +233,23 @@ class Router:
             self._table.add_prefix(state.name, routed.request.context, routed.prefix_hashes)
         if routed.ticket is not None:
             self._finish_ticket(routed.ticket)
-        prediction = predict_all(self.cost, self._block_size, routed.request, [state])[state.name]
+        request = routed.request
+        prediction = predict_all(self.cost, self._block_size, request, [state])[state.name]
+        longest = request.match.longest() if request.match is not None else 0
         routed.ticket = ticket = self.cost.start(
             prediction,
-            streamed=routed.request.streamed,
+            streamed=request.streamed,
             # only a tokenized prompt's prediction knows its cached share: learn from those
-            learn=routed.request.prompt_blocks > 0,
-            prompt_tokens=routed.request.prompt_tokens,
+            learn=request.prompt_blocks > 0,
+            prompt_tokens=request.prompt_tokens,
+            fleet_own_tokens=max(0.0, request.prompt_tokens - longest * self._block_size),
         )
         if self.sync is not None:
             # Only the blocks the pod does not hold yet: the peers' own view has the rest
             # (the same engine events, our earlier decisions), and a long conversation's
             # turn then costs them a few blocks, not its whole history.
             held = routed.matched_blocks(state.name)
-            self.sync.decided(ticket, routed.request.context, routed.prefix_hashes[held:])
-        request = routed.request
+            self.sync.decided(ticket, request.context, routed.prefix_hashes[held:])
         slo = request.slo_ttft_s
         if slo is not None:
             met = prediction.ttft_s <= slo

@@ -718,10 +718,12 @@ class CostModel:
         streamed: bool,
         learn: bool = True,
         prompt_tokens: float = 0.0,
+        fleet_own_tokens: float | None = None,
     ) -> Ticket:
         """The request goes to `prediction.pod` now: its prefill joins that pod's queue.
         `learn`: its observed TTFT may train the model (its features were known);
-        `prompt_tokens`: its prompt's, of which the pod held all but `own_tokens`."""
+        `prompt_tokens`: its prompt's, of which the pod held all but `own_tokens`;
+        `fleet_own_tokens`: the fewest any pod had to prefill (for `busy`)."""
         work = self._work(prediction.pod)
         now = self._clock()
         self._tickets += 1
@@ -735,7 +737,10 @@ class CostModel:
         held = 1.0 - prediction.own_tokens / prompt if prompt > prediction.own_tokens else 0.0
         work.activity = work.activity * decay + 1.0
         work.bound = work.bound * decay + held
-        work.busy_s = work.busy_s * decay + prediction.own_prefill_s()
+        own = prediction.own_prefill_s()
+        if fleet_own_tokens is not None and prediction.own_tokens > fleet_own_tokens:
+            own *= fleet_own_tokens / prediction.own_tokens
+        work.busy_s = work.busy_s * decay + own
         work.activity_at = now
         work.prefill_tokens += prediction.own_tokens
         work.prefilling += 1
@@ -856,7 +861,10 @@ class CostModel:
 
     def busy(self, pod: str) -> float:
         """The predicted prefill seconds of the requests routed to `pod` lately (decayed):
-        the time its recent traffic costs it, however long each prompt."""
+        the time its recent traffic costs it, however long each prompt. Each counts as on
+        the pod holding most of it: a prefix prefilled there once because it was cold (a
+        system prompt, then cached for every conversation placed after it) is no lasting
+        load, and counted as one it would keep new conversations on its first holder."""
         work = self._pods.get(pod)
         if work is None:
             return 0.0

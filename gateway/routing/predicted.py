@@ -102,7 +102,8 @@ class MinPredictedTtftPicker:
     conversation placed there; a conversation's own history, held by one pod, is no shared
     prefix) — and among
     pods within `placement_tolerance` of the best, to the one with the least predicted
-    prefill work routed to it lately: the instantaneous queue misses conversations between
+    prefill work routed to it lately (`CostModel.busy`, each request counted as on the pod
+    holding most of it): the instantaneous queue misses conversations between
     their turns, and prompts differ in size a hundredfold. Without
     this, every new conversation follows its system prompt to one pod and stays there.
     With `placement_load_tolerance`, loads within that share of the least count as equal,

@@ -394,6 +394,7 @@ def test_first_turns_are_placed_by_work_despite_a_shared_prefix() -> None:
     clock = Clock()
     names = ("holder", "other")
     table, system, cost = _system_prompt_on_the_holder(clock)
+    clock.now += 600.0  # the training traffic has decayed away
     picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0))
     pods = [pod(name) for name in names]
 
@@ -406,7 +407,8 @@ def test_first_turns_are_placed_by_work_despite_a_shared_prefix() -> None:
                              preamble_share=share)  # fmt: skip
         chosen = picker.rank(req, pods, {})[0].name
         prediction = predict_all(cost, BLOCK, req, [pods[names.index(chosen)]])[chosen]
-        cost.finish(cost.start(prediction, streamed=True))
+        fleet_own = len(prompt) - match.longest() * BLOCK  # as the router counts it
+        cost.finish(cost.start(prediction, streamed=True, fleet_own_tokens=fleet_own))
         clock.now += 0.2
         return chosen
 
@@ -556,6 +558,36 @@ def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
         cost.finish(ticket)
 
 
+def test_a_prompt_beyond_the_engines_chunk_delays_those_waiting_by_a_chunk_at_most() -> None:
+    """An engine prefills a prompt longer than its chunk a chunk per step, after the
+    requests waiting there: those admitted with it wait out one chunk of it, not all of it.
+    So the delay charge of a long prompt is its prefill × chunk / its uncached tokens: with
+    a chunk of the prompt's size it goes to the idle pod as above; with a chunk a quarter
+    of it, to the faster pod again (its charge a quarter, no longer worth the slow pod)."""
+    clock = Clock()
+    cost = _trained_fleet(clock, {"fast": 1.0, "slow": 1.8})
+    pods = [pod("fast"), pod("slow")]
+    seeded = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # begins a step
+    waiting = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # waits for the next
+    req = request(2000)
+    ttfts, prefills = cost.rank_costs(pods, [0.0, 0.0], 2000)
+    ranked = {}
+    for chunk in (2000, 500):
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
+                                        delay_weight=1.0, chunk_tokens=chunk)  # fmt: skip
+        ranked[chunk] = [state.name for state in picker.rank(req, pods, {})]
+        share = min(1.0, chunk / 2000)
+        waits = (1.0, 0.0)
+        charged = [
+            ttft + wait * prefill * share
+            for ttft, wait, prefill in zip(ttfts, waits, prefills, strict=True)
+        ]
+        assert ranked[chunk] == [pods[i].name for i in sorted(range(2), key=charged.__getitem__)]
+    assert ranked == {2000: ["slow", "fast"], 500: ["fast", "slow"]}
+    for ticket in (seeded, waiting):
+        cost.finish(ticket)
+
+
 def _ranking(
     cost: CostModel, req: RoutingRequest, pods: list[PodState], **weights: float
 ) -> list[str]:
@@ -614,7 +646,8 @@ def test_arrival_weight_charges_what_a_prefill_costs_the_requests_bound_to_the_p
         cost = _trained_fleet(clock, {"quiet": 1.0, "busy": 1.0})
         clock.now += 200.0  # the training's traffic is forgotten
         for _ in range(40):
-            serve(cost, clock, "busy", 200, 0.011, cached=held)
+            answered = cost.predict("busy", 200, held).ttft_s  # as predicted: speed unchanged
+            serve(cost, clock, "busy", 200, answered, cached=held)
         waiting = cost.start(cost.predict("quiet", 300, 0.0), streamed=True, prompt_tokens=300)
         ttfts, prefills = cost.rank_costs(pods, [0.0, 0.0], 6000)
         assert ttfts[1] < ttfts[0]
@@ -798,14 +831,14 @@ def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
 
     def load(name: str, requests: int) -> None:
         for _ in range(requests):
-            cost.finish(cost.start(cost.predict(name, 100, 0.0), streamed=True))
+            cost.finish(cost.start(cost.predict(name, 2 * BLOCK, 0.0), streamed=True))
 
     def placed(tolerance: float) -> str:
         picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0),
                                         placement_load_tolerance=tolerance)  # fmt: skip
         return picker.rank(first_turn, pods, {})[0].name
 
-    load("holder", 1)  # a pod with one request lately is loaded like an idle one
+    load("holder", 1)  # one request smaller than this one lately: loaded like an idle pod
     assert placed(0.0) == "other" and placed(0.25) == "holder"
     clock.now += 600.0
     load("holder", 11)
