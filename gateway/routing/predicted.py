@@ -306,20 +306,17 @@ class MinPredictedTtftPicker:
         ties = near_ties(order, costs, tolerance)
         if ties > 1:
             if placing:
-                # The least work routed there lately (predicted on each pod: a pod twice as
-                # slow carries half as much).
-                load = self._cost.busy
                 head = order[:ties]
                 self._rng.shuffle(head)  # equals in load and match: none favoured by place
-                loads = {i: load(names[i]) for i in head}
-                one = max(min(prefills), 1e-9)  # a request like this one, in that work
+                shares, one = self._placement_shares(head, names, min(prefills))
+                loads = dict(zip(head, shares, strict=True))
                 if self.placement_load_tolerance > 0.0:
                     # Loads within the tolerance of the least (or within one request like
                     # this one of it, while the pods are nearly idle) are equal: among those,
                     # the pods that hold the shared prefix (as much of the prompt as any,
                     # within a tenth) go first, the least loaded of them first. A block more
                     # or less of a prefix every pod holds is no reason to load one pod more.
-                    bar = min(loads.values()) * (1.0 + self.placement_load_tolerance) + one
+                    bar = min(shares) * (1.0 + self.placement_load_tolerance) + one
                     holds = 0.9 * max(cached[i] for i in head)
                     head.sort(key=lambda i: (loads[i] > bar, cached[i] < holds, loads[i]))
                 else:
@@ -332,6 +329,28 @@ class MinPredictedTtftPicker:
                 if equal > 1:
                     order.insert(0, order.pop(self._rng.randrange(equal)))
         return [pods[i] for i in order]
+
+    def _placement_shares(
+        self, head: list[int], names: Sequence[str], prefill: float
+    ) -> tuple[list[float], float]:
+        """Each candidate's load for a placement: its dominant share of the traffic routed
+        to the candidates lately — of the requests (each a place in the pod's steps until
+        its answer ends; counted × the pod's speed, so a pod twice as slow carries half
+        as many) or of their predicted prefill work (`CostModel.busy`: prompts differ in
+        size a hundredfold), whichever is larger. By requests alone a pod given a few
+        32k-token prompts looks as free as one given as many short ones; by work alone a
+        pod serving warm conversations, whose turns are mostly cached, looks idle and
+        draws every new prompt onto them. Also the share one request like this one
+        (`prefill` seconds) adds."""
+        cost = self._cost
+        requests = [cost.activity(names[i]) * cost.speed(names[i]) for i in head]
+        works = [cost.busy(names[i]) for i in head]
+        all_requests, all_work = sum(requests) + 1.0, sum(works) + prefill
+        shares = [
+            max(count / all_requests, work / all_work)
+            for count, work in zip(requests, works, strict=True)
+        ]
+        return shares, max(1.0 / all_requests, prefill / max(all_work, 1e-9))
 
     def _tpots(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[float]:
         """Each pod's predicted time per output token for this request."""
