@@ -384,10 +384,10 @@ def test_pods_never_answered_follow_the_fleets_live_model() -> None:
     assert cost.predict("b", 1000, 0.0).ttft_s == pytest.approx(0.030, rel=0.2)
 
 
-def test_first_turns_are_placed_by_work_despite_a_shared_prefix() -> None:
+def test_first_turns_are_placed_by_load_despite_a_shared_prefix() -> None:
     """A new conversation does not follow its system prompt to the one pod that holds it
     (where all its later turns would then pile up): pods are ranked as if each held its
-    system messages and the one with the least work routed to it lately, within the
+    system messages and the least loaded one (by its recent requests and their work), within the
     tolerance, gets it. A later turn, whose conversation the holder alone has, stays there;
     so does a first turn without system messages whose start the holder alone has (a
     conversation's history sent as one message, as replayed traces send it)."""
@@ -813,7 +813,7 @@ def test_a_prompt_costs_its_attention_over_the_context_before_it() -> None:
 
 def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
     """`placement_load_tolerance`: among the placement's near-ties, pods whose load (the
-    prefill work routed there lately) is within the tolerance of the least (or within one
+    dominant share of the recent requests or prefill work) is within the tolerance of the least (or within one
     request like this one of it) count as equally loaded, and
     the one holding the conversation's system prompt goes first (no cold prefill for a
     balance not needed); a holder loaded beyond it is passed over, as without it."""
@@ -905,3 +905,33 @@ def test_predictions_recover_after_a_burst_of_first_turns() -> None:
     assert abs(statistics.median(errors)) <= 0.05
     assert magnitudes[len(magnitudes) // 2] <= 0.25
     assert magnitudes[int(0.9 * len(magnitudes))] <= 0.75
+
+
+def test_a_placement_weighs_a_pod_by_its_larger_share_of_requests_or_of_work() -> None:
+    """Three pods alike: one served many short turns it had cached (little prefill work,
+    many requests), one a single long prompt (one request, much work), one a few medium
+    prompts. A new conversation goes to the third: by requests alone the long prompt's
+    pod looks free, by work alone the warm one does."""
+    clock = Clock()
+    names = ("warm", "long", "medium")
+    cost = _trained_fleet(clock, dict.fromkeys(names, 1.0))
+    clock.now += 600.0  # the training traffic has decayed away
+    pods = [pod(name) for name in names]
+
+    def routed(name: str, tokens: int, held: float, times: int) -> None:
+        for _ in range(times):
+            prediction = cost.predict(name, tokens, held)
+            cost.finish(cost.start(prediction, streamed=True, prompt_tokens=tokens,
+                                   fleet_own_tokens=tokens - held))  # fmt: skip
+
+    routed("warm", 2000, 1950.0, 12)
+    routed("long", 30_000, 0.0, 1)
+    routed("medium", 3000, 0.0, 3)
+    assert cost.busy("warm") < cost.busy("medium") < cost.busy("long")
+    assert cost.activity("long") < cost.activity("medium") < cost.activity("warm")
+    first_turn = RoutingRequest(MODEL, ModelContext(MODEL), 0, None, prompt_tokens=1000,
+                                opens_conversation=True)  # fmt: skip
+    for seed in range(5):
+        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(seed), placement_tolerance=10.0,
+                                        placement_load_tolerance=0.25)  # fmt: skip
+        assert picker.rank(first_turn, pods, {})[0].name == "medium"
