@@ -387,8 +387,8 @@ def test_pods_never_answered_follow_the_fleets_live_model() -> None:
 def test_first_turns_are_placed_by_load_despite_a_shared_prefix() -> None:
     """A new conversation does not follow its system prompt to the one pod that holds it
     (where all its later turns would then pile up): pods are ranked as if each held its
-    system messages and the least loaded one (by its recent requests and their work), within the
-    tolerance, gets it. A later turn, whose conversation the holder alone has, stays there;
+    system messages and the least loaded one (by its recent requests and their work),
+    within the tolerance, gets it. A later turn, whose conversation the holder alone has, stays there;
     so does a first turn without system messages whose start the holder alone has (a
     conversation's history sent as one message, as replayed traces send it)."""
     clock = Clock()
@@ -813,8 +813,8 @@ def test_a_prompt_costs_its_attention_over_the_context_before_it() -> None:
 
 def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
     """`placement_load_tolerance`: among the placement's near-ties, pods whose load (the
-    dominant share of the recent requests or prefill work) is within the tolerance of the least (or within one
-    request like this one of it) count as equally loaded, and
+    dominant share of the recent requests or prefill work) is within the tolerance of the
+    least (or within one request like this one of it) count as equally loaded, and
     the one holding the conversation's system prompt goes first (no cold prefill for a
     balance not needed); a holder loaded beyond it is passed over, as without it."""
     clock = Clock()
