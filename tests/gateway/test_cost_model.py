@@ -388,8 +388,8 @@ def test_first_turns_are_placed_by_load_despite_a_shared_prefix() -> None:
     """A new conversation does not follow its system prompt to the one pod that holds it
     (where all its later turns would then pile up): pods are ranked as if each held its
     system messages and the least loaded one (by its recent requests and their work),
-    within the tolerance, gets it. A later turn, whose conversation the holder alone has, stays there;
-    so does a first turn without system messages whose start the holder alone has (a
+    within the tolerance, gets it. A later turn, whose conversation the holder alone has,
+    stays there; so does a first turn without system messages whose start the holder alone has (a
     conversation's history sent as one message, as replayed traces send it)."""
     clock = Clock()
     names = ("holder", "other")
