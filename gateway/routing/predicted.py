@@ -100,10 +100,9 @@ class MinPredictedTtftPicker:
     ranked as if every pod held the shared prefix — its system messages, or more where two
     pods or more hold more (a system prompt is prefilled once per pod, then serves every
     conversation placed there; a conversation's own history, held by one pod, is no shared
-    prefix) — and among
-    pods within `placement_tolerance` of the best, to the one with the least predicted
-    prefill work routed to it lately (`CostModel.busy`, each request counted as on the pod
-    holding most of it): the instantaneous queue misses conversations between
+    prefix) — and among pods within `placement_tolerance` of the best, to the least loaded
+    one (`_placement_shares`: its larger share of the requests or of the prefill work
+    routed to the candidates lately): the instantaneous queue misses conversations between
     their turns, and prompts differ in size a hundredfold. Without
     this, every new conversation follows its system prompt to one pod and stays there.
     With `placement_load_tolerance`, loads within that share of the least count as equal,
