@@ -11,7 +11,7 @@ import pytest
 
 from gateway.discovery import Pod
 from gateway.registry import PodState
-from gateway.router import build_policies
+from gateway.router import build_policies, preamble_share
 from gateway.routing import (
     HotSpotFilter,
     KVUsageScorer,
@@ -486,3 +486,16 @@ def test_a_pod_with_a_nan_load_does_not_empty_the_hot_spot_guard() -> None:
     pods = [pod("broken", waiting=float("nan")), pod("fine")]
     kept = HotSpotFilter(margin=4).filter(bare_request(), pods)
     assert "fine" in [p.name for p in kept]
+
+
+def test_a_first_turns_preamble_is_its_leading_system_messages() -> None:
+    """What a new conversation may share with others: the text of its leading system (or
+    developer) messages, as a share of all its text; text parts count as their text."""
+    system = {"role": "system", "content": "s" * 30}
+    developer = {"role": "developer", "content": [{"type": "text", "text": "d" * 10}]}
+    user = {"role": "user", "content": "u" * 60}
+    assert preamble_share({"messages": [system, developer, user]}) == pytest.approx(0.4)
+    assert preamble_share({"messages": [user, system]}) == 0.0  # not leading
+    assert preamble_share({"messages": [user]}) == 0.0
+    assert preamble_share({"messages": "not a list"}) == 0.0
+    assert preamble_share({"messages": [{"role": "system", "content": ""}]}) == 0.0
