@@ -102,22 +102,30 @@ class VllmOptions:
         ]  # fmt: skip
 
 
-def environment(cpu: int) -> dict[str, str]:
-    """The engine's environment (added to this process's): one thread bound to `cpu`."""
+def offline_environment() -> dict[str, str]:
+    """What every vLLM kvgate starts runs with (added to this process's environment):
+    offline, on loopback, its prefix cache resettable, its output unbuffered."""
     return {
-        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),  # the worker's OpenMP threads: this core only
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
         "VLLM_SERVER_DEV_MODE": "1",  # exposes POST /reset_prefix_cache
         "VLLM_HOST_IP": "127.0.0.1",  # vLLM's internal sockets stay on loopback
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "PYTHONHASHSEED": "0",  # the first block's parent hash: the same in every engine
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": str(ROOT),  # the launcher, even where kvgate is not installed
+    }
+
+
+def environment(cpu: int) -> dict[str, str]:
+    """The engine's environment (added to this process's): one thread bound to `cpu`."""
+    return {
+        **offline_environment(),
+        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),  # the worker's OpenMP threads: this core only
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONHASHSEED": "0",  # the first block's parent hash: the same in every engine
     }
 
 

@@ -24,10 +24,11 @@ from typing import IO
 import httpx
 import pytest
 
+from bench.harness.vllm_fleet import offline_environment
 from subscriber import PodEndpoint
 from tests.e2e_vllm.recorder import RawEventRecorder
 from tests.e2e_vllm.tiny_model import MAX_MODEL_LEN, MODEL_NAME, build_model_dir
-from tests.helpers import ROOT, free_ports
+from tests.helpers import free_ports
 
 BLOCK_SIZE = 32
 NUM_BLOCKS = 128
@@ -141,20 +142,7 @@ def _command(model_dir: Path, http_port: int, events: str, replay: str) -> list[
 
 
 def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        {
-            "VLLM_SERVER_DEV_MODE": "1",  # exposes POST /reset_prefix_cache
-            "VLLM_HOST_IP": "127.0.0.1",  # vLLM's internal sockets stay on loopback
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": str(ROOT),  # the launcher, wherever vLLM runs from
-        }
-    )
-    return env
+    return {**os.environ, **offline_environment()}
 
 
 def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Path) -> None:

@@ -535,15 +535,20 @@ def delay_to_waiting(prediction: Prediction) -> float:
     return delay
 
 
+def _one_waiting_on_the_faster_pod() -> tuple[CostModel, list[PodState], tuple[Ticket, Ticket]]:
+    """A pod ("fast") whose step runs with one request waiting for the next, and an idle
+    one 1.8× as slow ("slow"): the model, the pods, and the two requests' tickets."""
+    cost = _trained_fleet(Clock(), {"fast": 1.0, "slow": 1.8})
+    seeded = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # begins a step
+    waiting = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # waits for the next
+    return cost, [pod("fast"), pod("slow")], (seeded, waiting)
+
+
 def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
     """A faster pod where a request waits for the next step, or a slower idle one: by its
     own TTFT the new request goes to the faster; charged its prefill again for the request
     it would delay there (`delay_weight`), to the idle one."""
-    clock = Clock()
-    cost = _trained_fleet(clock, {"fast": 1.0, "slow": 1.8})
-    pods = [pod("fast"), pod("slow")]
-    seeded = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # begins a step
-    waiting = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # waits for the next
+    cost, pods, (seeded, waiting) = _one_waiting_on_the_faster_pod()
     req = request(2000)
     predictions = predict_all(cost, BLOCK, req, pods)
     assert predictions["fast"].queued_requests == 1.0 and predictions["slow"].queued_requests == 0
@@ -564,11 +569,7 @@ def test_a_prompt_beyond_the_engines_chunk_delays_those_waiting_by_a_chunk_at_mo
     So the delay charge of a long prompt is its prefill × chunk / its uncached tokens: with
     a chunk of the prompt's size it goes to the idle pod as above; with a chunk a quarter
     of it, to the faster pod again (its charge a quarter, no longer worth the slow pod)."""
-    clock = Clock()
-    cost = _trained_fleet(clock, {"fast": 1.0, "slow": 1.8})
-    pods = [pod("fast"), pod("slow")]
-    seeded = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # begins a step
-    waiting = cost.start(cost.predict("fast", 100, 0.0), streamed=True)  # waits for the next
+    cost, pods, (seeded, waiting) = _one_waiting_on_the_faster_pod()
     req = request(2000)
     ttfts, prefills = cost.rank_costs(pods, [0.0, 0.0], 2000)
     ranked = {}
