@@ -190,7 +190,8 @@ async def profile_engine(
     await reset_prefix_caches(client, [endpoint.url])
     await timed_completion(client, endpoint, cold_prompt(words, 32, rng), 4)  # warm-up
     prefill: dict[int, list[float]] = {}
-    for length in (n for n in settings.lengths if n < limit):
+    # (a prompt and its answer within the context, with room for a BOS token)
+    for length in (n for n in settings.lengths if n + 8 <= limit):
         for _ in range(settings.repeats):
             timed = await timed_completion(client, endpoint, cold_prompt(words, length, rng), 1)
             prefill.setdefault(timed.prompt_tokens, []).append(timed.ttft_s)

@@ -151,20 +151,29 @@ class RealEngines:
     def __init__(self, out_dir: Path) -> None:
         self.model_dir = out_dir / "logs" / "model"
         self.latency: LatencyModel | None = None
+        self.measured_len = 0
+        """The context length the latency model was measured under (its longest prompts)."""
         self.vocabulary: tuple[str, ...] | None = None
 
     async def prepare(self) -> None:
         python = await asyncio.to_thread(vllm_python)
         await build_model(self.model_dir, BENCH_SHAPE, python=python)
 
-    async def measure(self, client: httpx.AsyncClient, endpoint: EngineEndpoint) -> None:
-        """The words its tokenizer holds as one token, and the engines' latency model
-        (once: every workload's engines are the same model on the same cores)."""
+    async def measure(
+        self, client: httpx.AsyncClient, endpoint: EngineEndpoint, max_model_len: int
+    ) -> None:
+        """The words its tokenizer holds as one token, and the engines' latency model:
+        measured once (every workload's engines are the same model on the same cores),
+        and again where a workload's engines admit longer prompts than it was measured on
+        (`max_model_len`: the profile's prompts stay within the engines' context)."""
         if self.vocabulary is None:
             words = await single_token_words(client, endpoint, VOCABULARY)
             self.vocabulary = tuple(words)
-        if self.latency is None:
-            self.latency = await measure_latency(client, endpoint, self.vocabulary)
+        if self.latency is None or max_model_len > self.measured_len:
+            self.latency = await measure_latency(
+                client, endpoint, self.vocabulary, max_model_len=max_model_len
+            )
+            self.measured_len = max_model_len
 
     def plan(self, plan: FleetPlan) -> FleetPlan:
         """`plan` for these engines: real time, vLLM's hashes and topic, measured latency."""

@@ -254,7 +254,7 @@ async def _prepare(
         plan = real.context(plan, script.longest_request_tokens())
         fleet: RunFleet = await RealFleet.start(plan, real.model_dir, log_dir, client)
         try:
-            await real.measure(client, fleet.endpoints[0])
+            await real.measure(client, fleet.endpoints[0], plan.max_model_len)
         except BaseException:
             await fleet.stop()
             raise
