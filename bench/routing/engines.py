@@ -84,6 +84,9 @@ class RunFleet:
         """Ready for the next router (the runner resets the prefix caches after this);
         `fresh`: on new engines, where that is cheap."""
 
+    async def after_reset(self, client: httpx.AsyncClient) -> None:
+        """Once the prefix caches are reset: until the engines have published it."""
+
     async def stop(self) -> None:
         raise NotImplementedError
 
@@ -139,6 +142,18 @@ class RealFleet(RunFleet):
         pods = write_pods_file(log_dir / "pods.json", fleet.endpoints, fleet.topic)
         await warm_up(client, fleet.endpoints)
         return cls(fleet, pods)
+
+    async def after_reset(self, client: httpx.AsyncClient) -> None:
+        """vLLM publishes a reset (AllBlocksCleared) at its next step: each engine runs
+        one on a prompt shorter than a block, which stores none. Without it a new gateway
+        replays the blocks stored before the reset and finds them in no engine."""
+
+        async def step(endpoint: EngineEndpoint) -> None:
+            body = {"model": endpoint.model, "prompt": "reset", "max_tokens": 1}
+            answer = await client.post(f"{endpoint.url}/v1/completions", json=body)
+            answer.raise_for_status()
+
+        await asyncio.gather(*(step(endpoint) for endpoint in self.endpoints))
 
     async def stop(self) -> None:
         await self._fleet.stop()

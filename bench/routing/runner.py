@@ -365,6 +365,7 @@ async def _run_one(
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     engines, endpoints = fleet.processes, fleet.endpoints
     await reset_prefix_caches(client, [e.url for e in endpoints])
+    await fleet.after_reset(client)
     logs = options.out_dir / "logs" / _folder(script.name)
     routers = [
         make_router(router_name, fleet.pods, endpoints, logs, random.Random(), plan.block_hash,
