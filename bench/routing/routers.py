@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import secrets
 import subprocess
@@ -30,6 +31,7 @@ from bench.harness.gateway import AdminClient, serve_command
 from bench.harness.ports import free_port_block
 from bench.harness.processes import ChildProcess
 from bench.harness.readiness import wait_http
+from bench.harness.zmq_relay import EventRelay
 
 KVGATE_POLICIES = (
     "prefix-cache", "least-request", "round-robin", "random", "prefix-share", "predicted-latency"
@@ -56,12 +58,21 @@ class RouterProcess(ChildProcess):
         port: int,
         env: dict[str, str] | None = None,
         admin_token: str | None = None,
+        relay: EventRelay | None = None,
     ) -> None:
         super().__init__(name, log_path)
         self.command = command
         self.port = port
         self.env = env or {}
         self.admin_token = admin_token
+        self.relay = relay
+        """The engines' KV events relayed for it (stopped with it)."""
+
+    async def stop(self, grace_s: float = 5.0, sig: int | None = None) -> None:
+        await super().stop(grace_s, sig)
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            await asyncio.to_thread(relay.stop)
 
     @property
     def url(self) -> str:
@@ -119,11 +130,13 @@ def make_router(
     if name in PEERS:
         workers = [endpoint.url for endpoint in endpoints]
         metrics = ["--prometheus-port", str(port + 1), "--prometheus-host", "127.0.0.1"]
-        policy = (
-            kv_aware_args(endpoints, engine_block_size)
-            if name in VLLM_LIKE_PEERS
-            else ["cache_aware"]
-        )
+        relay = None
+        policy = ["cache_aware"]
+        if name in VLLM_LIKE_PEERS:
+            if any(e.events.startswith("ipc://") for e in endpoints):
+                relay = EventRelay(endpoints)  # it takes tcp endpoints only
+                endpoints = relay.start()
+            policy = kv_aware_args(endpoints, engine_block_size)
         common = ["--worker-urls", *workers, "--policy", *policy,
                   "--host", "127.0.0.1", "--port", str(port), *metrics]  # fmt: skip
         venv = ensure_venv(PACKAGES[name])
@@ -132,7 +145,7 @@ def make_router(
                        *common, "--log-level", "warn"]  # fmt: skip
         else:
             command = [str(venv / "bin" / "vllm-router"), *common, "--log-level", "warning"]
-        return RouterProcess(name, command, log, port, {"HF_HUB_OFFLINE": "1"})
+        return RouterProcess(name, command, log, port, {"HF_HUB_OFFLINE": "1"}, relay=relay)
     raise ValueError(f"unknown router {name!r}")
 
 
