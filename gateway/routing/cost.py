@@ -173,8 +173,8 @@ class _Ranking:
     Valid for the θ and the scrapes it was built with, and for the pods' work up to
     `position` in the model's change log of `epoch`."""
 
-    __slots__ = ("active_at", "activities", "bases", "bounds", "ends", "epoch", "index",
-                 "pods", "position", "scraped", "theta_version", "units", "waits")  # fmt: skip
+    __slots__ = ("active_at", "bases", "bounds", "ends", "epoch", "index", "pods", "position",
+                 "scraped", "theta_version", "units", "waits")  # fmt: skip
 
     def __init__(
         self,
@@ -194,10 +194,9 @@ class _Ranking:
         self.ends = [e.step_end for e in estimates]
         self.waits = [e.pending_requests for e in estimates]
         """Requests waiting there for the next step (a new request would join them)."""
-        self.activities = [work.activity for work in works]
         self.bounds = [work.bound for work in works]
         self.active_at = [work.activity_at for work in works]
-        """Each pod's activity, as of when it was last set (it decays from then)."""
+        """When each pod's bound activity was last set (it decays from then)."""
         self.epoch = epoch
         self.theta_version = theta_version
         self.position = position
@@ -506,7 +505,7 @@ class CostModel:
         changes = self._changes
         index, works, work_for = ranking.index, self._pods, self._work
         bases, units, ends, waits = ranking.bases, ranking.units, ranking.ends, ranking.waits
-        activities, bounds, active_at = ranking.activities, ranking.bounds, ranking.active_at
+        bounds, active_at = ranking.bounds, ranking.active_at
         current = self._current_estimate
         for changed in changes[ranking.position :]:
             name = changed.name
@@ -518,7 +517,7 @@ class CostModel:
             e = current(work, pod.scraped_at, pod.running, pod.waiting)
             # (the fields by index: a NamedTuple's names are Python properties)
             bases[at], units[at], ends[at], waits[at] = e[3], e[4], e[5], e[7]
-            activities[at], bounds[at] = work.activity, work.bound
+            bounds[at] = work.bound
             active_at[at] = work.activity_at
         ranking.position = len(changes)
 
