@@ -339,8 +339,8 @@ class MinPredictedTtftPicker:
         size a hundredfold), whichever is larger. By requests alone a pod given a few
         32k-token prompts looks as free as one given as many short ones; by work alone a
         pod serving warm conversations, whose turns are mostly cached, looks idle and
-        draws every new prompt onto them. Also the share one request like this one
-        (`prefill` seconds) adds."""
+        draws every new prompt onto them. Also the share one request adds: this one
+        (`prefill` seconds) or a typical recent one, whichever is larger."""
         cost = self._cost
         requests = [cost.activity(names[i]) * cost.speed(names[i]) for i in head]
         works = [cost.busy(names[i]) for i in head]
@@ -349,7 +349,10 @@ class MinPredictedTtftPicker:
             max(count / all_requests, work / all_work)
             for count, work in zip(requests, works, strict=True)
         ]
-        return shares, max(1.0 / all_requests, prefill / max(all_work, 1e-9))
+        # one request: this one, or one as large as those routed lately (a pod that took a
+        # single cold prompt is loaded by one request, however cheap this one is there)
+        typical = sum(works) / sum(requests) if sum(requests) > 0.0 else 0.0
+        return shares, max(1.0 / all_requests, max(prefill, typical) / max(all_work, 1e-9))
 
     def _tpots(self, request: RoutingRequest, pods: Sequence[PodState]) -> list[float]:
         """Each pod's predicted time per output token for this request."""
