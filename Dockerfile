@@ -22,6 +22,7 @@ COPY gateway ./gateway
 COPY indexer ./indexer
 COPY subscriber ./subscriber
 COPY simulator ./simulator
+COPY tokenization ./tokenization
 COPY bench ./bench
 # A C compiler for the index's compiled primitives (indexer/_native.c): the wheel carries
 # the built extension, so the runtime stage needs none.

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import xxhash
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -157,6 +158,16 @@ def _header(headers: Mapping[bytes, bytes], name: bytes) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
+def client_key(request: Request, headers: Mapping[bytes, bytes]) -> str:
+    """Who sent a request, for what is learned per client: its credentials (hashed, never
+    kept) where it sends any, else its address."""
+    credentials = headers.get(b"authorization")
+    if credentials:
+        return "key:" + xxhash.xxh64_hexdigest(credentials)
+    peer = request.client
+    return "addr:" + (peer.host if peer is not None else "")
+
+
 def requested_policy(request: Request, headers: Mapping[bytes, bytes] | None = None) -> str | None:
     headers = first_values(request) if headers is None else headers
     for header in _POLICY_HEADERS:
@@ -178,6 +189,7 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     routed = await gateway.router.route(
         kind, body, profile, session=session, slo_ttft_s=slo_ttft(request, headers),
         slo_tpot_s=slo_tpot(request, headers), body_bytes=len(raw),
+        client=client_key(request, headers),
     )  # fmt: skip
     pin_turn = session_pin_hook(gateway, _header(headers, _PIN_HEADER),
                                 _header(headers, _PIN_TOKEN_HEADER), kind, body, routed,

@@ -16,6 +16,8 @@ import random
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -30,6 +32,7 @@ from gateway.discovery import Discovery, DiscoveryEvents, build_discovery, run_r
 from gateway.errors import GatewayError, NotFound, refusal
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
+from gateway.local_tokenizer import LocalTokenizers
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalog import ModelCatalog
 from gateway.persistence import (
@@ -41,6 +44,7 @@ from gateway.persistence import (
 from gateway.pinning import api as pinning_api
 from gateway.pinning.client import PinClient
 from gateway.pinning.manager import PinConfig, PinManager
+from gateway.prompt_tokenizer import PromptTokenizer
 from gateway.proxy import ClientGone, Upstream, UpstreamCut
 from gateway.reaper import DeadPodReaper
 from gateway.registry import PodRegistry
@@ -103,6 +107,38 @@ def create_app(
     )
 
 
+def _prompt_tokenizer(
+    settings: Settings,
+    stack: contextlib.AsyncExitStack,
+    pool: Http1Pool,
+    models: ModelCatalog,
+) -> PromptTokenizer:
+    """Where prompts are tokenized (`KVGATE_TOKENIZER`): in-process with each model's files
+    where found, at the engines otherwise."""
+    remote = RemoteTokenizer(
+        pool,
+        timeout_s=settings.tokenizer_timeout_s,
+        max_retries=settings.tokenizer_max_retries,
+        cache_size=settings.tokenizer_cache_size,
+        endpoint=settings.tokenizer_endpoint,
+        endpoint_engine=settings.tokenizer_engine,
+    )
+    # Loading tokenizer files and encoding long prompts: off the event loop, two at a time
+    # (the library releases the GIL while it encodes).
+    executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvgate-tokenize")
+    stack.callback(executor.shutdown, wait=False, cancel_futures=True)
+    hub_cache = settings.hf_hub_cache or Path.home() / ".cache" / "huggingface" / "hub"
+    local = LocalTokenizers(
+        directories=settings.tokenizers,
+        hub_cache=hub_cache if settings.tokenizer != "remote" else None,
+        executor=executor,
+        cache_size=settings.tokenizer_cache_size,
+    )
+    return PromptTokenizer(
+        mode=settings.tokenizer, local=local, remote=remote, context_length=models.max_model_len
+    )
+
+
 async def _start(
     app: Starlette,
     stack: contextlib.AsyncExitStack,
@@ -149,22 +185,19 @@ async def _start(
         table=table,
         subscribers=subscribers,
         chat_tokenizer=settings.use_remote_tokenizer
-        and settings.tokenizer_endpoint is not None
-        and settings.tokenizer_engine == "vllm",
+        and (
+            settings.tokenizer != "remote"
+            or (settings.tokenizer_endpoint is not None and settings.tokenizer_engine == "vllm")
+        ),
     )
     writer = snapshot_writer(settings, table, subscribers, registry, restorer, cost)
     if writer is not None:
         stack.push_async_callback(writer.close)  # the final snapshot, after background tasks
+    models = ModelCatalog(registry, control_client,
+                          interval_s=max(settings.scrape_interval_s, 10.0))  # fmt: skip
     tokenizer = (
-        RemoteTokenizer(
-            tokenizer_pool,
-            timeout_s=settings.tokenizer_timeout_s,
-            max_retries=settings.tokenizer_max_retries,
-            cache_size=settings.tokenizer_cache_size,
-            endpoint=settings.tokenizer_endpoint,
-            endpoint_engine=settings.tokenizer_engine,
-        )
-        if settings.use_remote_tokenizer
+        _prompt_tokenizer(settings, stack, tokenizer_pool, models)
+        if (settings.use_remote_tokenizer)
         else None
     )
     pin_lookup = PinLookup()
@@ -247,14 +280,15 @@ async def _start(
     )
     await _wait_for_discovery(gateway.discovery_ready, discovery_task)
     background.start("metrics-scraper", scraper.run)
+    if tokenizer is not None:
+        background.start("tokenizer-load", lambda: tokenizer.preload(registry.models))
     background.start("index-eviction", lambda: _evict_periodically(table, settings))
     reaper = DeadPodReaper(registry, gateway.upstream, metrics.dead_pod_cuts,
                            grace_s=settings.dead_pod_grace_s)  # fmt: skip
     background.start("dead-pod-reaper", reaper.run)
     background.start("pin-reconcile", pins.run)
-    gateway.models = ModelCatalog(registry, control_client,
-                                  interval_s=max(settings.scrape_interval_s, 10.0))  # fmt: skip
-    background.start("model-catalog", gateway.models.run)
+    gateway.models = models
+    background.start("model-catalog", models.run)
     if sync is not None:
         background.start("replica-sync", sync.run)
     if writer is not None:

@@ -266,11 +266,16 @@ class GatewayMetrics:
         self.tokenizer = Children(
             Counter(
                 "kvgate_tokenizer_requests",
-                "Prompt tokenizations by result (hit, miss, failure)",
-                ["result"],
+                "Prompt tokenizations by result (hit: from the cache, miss, failure) and "
+                "tokenizer (local: in-process with the model's files; remote: an engine's "
+                "/tokenize)",
+                ["result", "tokenizer"],
                 registry=registry,
             )
         )
+        for result in ("hit", "miss", "failure"):
+            for where in ("local", "remote"):
+                self.tokenizer.labels(result, where)
         self.discovery_errors = Counter(
             "kvgate_discovery_errors",
             "Discovery updates rejected (the last good pod list was kept)",

@@ -7,6 +7,10 @@ models discovery says the pod serves (the list names what the gateway routes); e
 the engine sent is kept (`max_model_len`, `root`, `parent`, `owned_by`; a LoRA adapter is
 its own card with `parent` naming its base model, as vLLM lists it). A pod that is down,
 removed, or fails to answer drops out with its cards.
+
+The router reads each model's `max_model_len` from the cards (the longest prompt an engine
+serves, which bounds what the gateway tokenizes), so every pod is asked soon after it
+appears, and again every `interval_s`.
 """
 
 from __future__ import annotations
@@ -43,11 +47,32 @@ class ModelCatalog:
         """Pods asked at least once (answered or not): the list does not wait for them."""
 
     async def run(self) -> None:
-        """Every `interval_s`, re-read the cards of the pods already asked (a supervised
-        background task; a gateway nobody asks for the list never polls the engines)."""
+        """Read every pod's cards, then again every `interval_s` (a supervised background
+        task); a pod that appears meanwhile is read within a second."""
+        refreshed = -self._interval_s
+        loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self._interval_s)
-            await self.refresh([s for s in self._registry.all() if s.name in self._asked])
+            due = loop.time() - refreshed >= self._interval_s
+            states = self._registry.all()
+            if due:
+                refreshed = loop.time()
+                await self.refresh(list(states))
+            else:
+                await self.refresh([s for s in states if s.name not in self._asked])
+            await asyncio.sleep(min(1.0, self._interval_s))
+
+    def max_model_len(self, model: str) -> int | None:
+        """The smallest `max_model_len` the pods serving `model` report (None: none says)."""
+        lengths = [
+            card["max_model_len"]
+            for cards in self._cards.values()
+            for card in cards
+            if card["id"] == model
+            and isinstance(card.get("max_model_len"), int)
+            and not isinstance(card.get("max_model_len"), bool)
+            and card["max_model_len"] > 0
+        ]
+        return min(lengths) if lengths else None
 
     async def refresh(self, states: list[PodState]) -> None:
         live = {state.name for state in self._registry.all()}

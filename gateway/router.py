@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable
 from gateway.logs import ACCESS_FIELDS
 from gateway.metrics import GatewayMetrics
+from gateway.prompt_tokenizer import PromptTokenizer
 from gateway.registry import PodRegistry, PodState
 from gateway.routing import (
     CostModel,
@@ -29,7 +30,7 @@ from gateway.routing import (
 from gateway.routing.profile import PluginTimer
 from gateway.routing.prompt_size import PromptSizes
 from gateway.settings import AIBRIX_STRATEGIES, Settings
-from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
+from gateway.tokenizer import TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
 Kind = Literal["chat", "completion"]
@@ -69,7 +70,7 @@ class Router:
         *,
         registry: PodRegistry,
         table: SyncPrefixHashTable,
-        tokenizer: RemoteTokenizer | None,
+        tokenizer: PromptTokenizer | None,
         policies: Mapping[str, RoutingProfile],
         default_policy: str,
         metrics: GatewayMetrics,
@@ -127,6 +128,7 @@ class Router:
         slo_ttft_s: float | None = None,
         slo_tpot_s: float | None = None,
         body_bytes: int = 0,
+        client: str = "",
         dry_run: bool = False,
     ) -> Routed:
         """Decide where `body` goes, in three stages: what the decision looks at (the
@@ -138,8 +140,8 @@ class Router:
         if not serving:
             raise ModelNotFound(f"The model `{body['model']}` does not exist.", param="model")
         request = await self._routing_request(
-            kind, body, serving, tokenize=profile.uses_prefix or dry_run, session=session,
-            slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, body_bytes=body_bytes,
+            kind, body, serving, prefix=profile.uses_prefix or dry_run, session=session,
+            slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, body_bytes=body_bytes, client=client,
         )  # fmt: skip
         routed = self._decide(request, profile, serving, started)
         if dry_run:
@@ -156,13 +158,16 @@ class Router:
         body: Mapping[str, Any],
         serving: list[PodState],
         *,
-        tokenize: bool,
+        prefix: bool,
         session: str | None,
         slo_ttft_s: float | None,
         slo_tpot_s: float | None,
         body_bytes: int,
+        client: str,
     ) -> RoutingRequest:
-        """What the decision looks at: the prompt's blocks and where each is cached."""
+        """What the decision looks at: the prompt's blocks and where each is cached. A
+        policy that does not read prefixes (`prefix` false) still gets an exact token count
+        where the model is tokenized in-process (it costs no engine anything)."""
         model = body["model"]
         context = self._registry.context(model)
         # `serving`'s: taken before any await
@@ -170,12 +175,13 @@ class Router:
         routable, routable_names = self._registry.routable_serving(model)
         hashes: list[int] = []
         tokens: list[int] | None = None
-        if tokenize:
+        if prefix or await self._tokenizes_locally(model):
             tokens = await self._tokenize(kind, body, routable)
             if tokens is not None:
                 self._check_prompt_length(kind, len(tokens))
-                hashes = self._hashes(tokens)
-                self.prompt_sizes.learn(model, body_bytes, len(tokens))
+                if prefix:
+                    hashes = self._hashes(tokens)
+                self.prompt_sizes.learn(model, client, body_bytes, len(tokens))
         match_started = self._clock()
         match = self._table.match(context, hashes, names) if hashes else None
         self._stages["match"].observe(self._clock() - match_started)
@@ -188,8 +194,9 @@ class Router:
             session,
             prompt_tokens=len(tokens)
             if tokens is not None
-            else self.prompt_sizes.tokens(model, body_bytes),
+            else self.prompt_sizes.tokens(model, client, body_bytes),
             prompt_tokenized=tokens is not None,
+            client=client,
             prefix_hashes=hashes,
             body_bytes=body_bytes,
             slo_ttft_s=slo_ttft_s,
@@ -289,7 +296,9 @@ class Router:
         prompt that was not tokenized is costed at)."""
         request = routed.request
         if engine_prompt_tokens is not None and not request.prompt_tokenized:
-            self.prompt_sizes.learn(request.model, request.body_bytes, engine_prompt_tokens)
+            self.prompt_sizes.learn(
+                request.model, request.client, request.body_bytes, engine_prompt_tokens
+            )
         ticket = routed.ticket
         if ticket is None:
             return
@@ -346,6 +355,11 @@ class Router:
         self._metrics.prompt_blocks.labels(model).inc(routed.request.prompt_blocks)
         self._metrics.matched_blocks.labels(model).inc(routed.matched_blocks(state.name))
 
+    async def _tokenizes_locally(self, model: str) -> bool:
+        return (
+            self._tokenizer is not None and await self._tokenizer.local_tokenizer(model) is not None
+        )
+
     async def _tokenize(
         self, kind: Kind, body: Mapping[str, Any], routable: Sequence[PodState]
     ) -> list[int] | None:
@@ -360,14 +374,13 @@ class Router:
                 return what  # token ids: nothing to tokenize, with or without a tokenizer
             if self._tokenizer is None:
                 return None
-            before = self._tokenizer.hits
             pods = [(s.pod.url, s.pod.engine) for s in routable]
-            tokens = await self._tokenizer.tokenize(what, pods)
-            hit = self._tokenizer.hits > before
-            self._metrics.tokenizer.labels("hit" if hit else "miss").inc()
-            return tokens
-        except TokenizerError:
-            self._metrics.tokenizer.labels("failure").inc()
+            tokenized = await self._tokenizer.tokenize(body["model"], what, pods)
+            result = "hit" if tokenized.hit else "miss"
+            self._metrics.tokenizer.labels(result, tokenized.where).inc()
+            return tokenized.tokens
+        except TokenizerError as exc:
+            self._metrics.tokenizer.labels("failure", exc.where).inc()
             self._metrics.degraded_routing.labels("tokenizer").inc()
             return None
         finally:

@@ -39,6 +39,7 @@ AIBRIX_STRATEGIES = {
 has a counterpart for, and the policy each means here. AIBrix's `throughput` and
 `least-busy-time` have none: they are refused, naming these."""
 ENGINES = ("vllm", "sglang")
+TOKENIZER_MODES = ("auto", "local", "remote")
 DISCOVERIES = ("static", "kubernetes")
 LOG_FORMATS = ("text", "json")
 DEFAULT_TIER_WEIGHTS = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.STORAGE: 0.25, Tier.EXPECTED: 0.9}
@@ -173,6 +174,19 @@ def _weights_text(weights: Mapping[Tier, float]) -> str:
 
 
 _WEIGHTS_HELP = "comma-separated TIER=WEIGHT with tiers GPU, CPU, STORAGE, EXPECTED (e.g. CPU=0.8)"
+
+
+def _tokenizer_dirs(raw: str) -> dict[str, Path]:
+    directories: dict[str, Path] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        model, separator, directory = item.partition("=")
+        path = Path(directory.strip()).expanduser()
+        if not separator or not model.strip() or not (path / "tokenizer.json").is_file():
+            raise ValueError(raw)
+        directories[model.strip()] = path
+    return directories
 
 
 def _tier_weights(raw: str) -> dict[Tier, float]:
@@ -364,17 +378,34 @@ class Settings:
     )  # fmt: skip
     use_remote_tokenizer: bool = _setting(
         True, "AIBRIX_USE_REMOTE_TOKENIZER", _bool, _BOOL_HELP,
-        "tokenize with the engines' `/tokenize` (needed for prefix routing)",
+        "tokenize prompts (needed for prefix routing; where: `KVGATE_TOKENIZER`)",
         aliases=(Alias("AIBRIX_PREFIX_CACHE_USE_REMOTE_TOKENIZER"),),
     )  # fmt: skip
     kv_event_sync: bool = _setting(
         True, "AIBRIX_KV_EVENT_SYNC_ENABLED", _bool, _BOOL_HELP,
-        "subscribe to KV events; needs the remote tokenizer, else disabled with a warning",
+        "subscribe to KV events; needs `AIBRIX_USE_REMOTE_TOKENIZER`, else disabled with a "
+        "warning",
         aliases=(Alias("AIBRIX_PREFIX_CACHE_KV_EVENT_SYNC_ENABLED"),),
     )  # fmt: skip
-    tokenizer_type: str = _setting(
-        "remote", "AIBRIX_PREFIX_CACHE_TOKENIZER_TYPE", _choice(("remote",)), "remote",
-        "only `remote` is supported",
+    tokenizer: str = _setting(
+        "auto", "KVGATE_TOKENIZER", _choice(TOKENIZER_MODES), _one_of(TOKENIZER_MODES),
+        "where prompts are tokenized: `local` in-process with the model's own tokenizer files, "
+        "`remote` at the engines' `/tokenize`, `auto` local where a model's files are found "
+        "(`KVGATE_TOKENIZERS`, the Hugging Face cache), else remote",
+        aliases=(Alias("AIBRIX_PREFIX_CACHE_TOKENIZER_TYPE", _choice(("remote",)), "remote"),),
+    )  # fmt: skip
+    tokenizers: Mapping[str, Path] = _setting(
+        None, "KVGATE_TOKENIZERS", _tokenizer_dirs,
+        "`model=/dir,…`, each dir holding the model's `tokenizer.json`",
+        "each model's tokenizer directory (`tokenizer.json`, `tokenizer_config.json`, "
+        "`chat_template.jinja`), for `KVGATE_TOKENIZER=auto|local`",
+        factory=dict, shown=lambda value: "none",
+    )  # fmt: skip
+    hf_hub_cache: Path | None = _setting(
+        None, "HF_HUB_CACHE", Path, "a directory path",
+        "the Hugging Face hub cache a model id is looked up in for its tokenizer files (as "
+        "vLLM pods mount it); unset: `HF_HOME`'s `hub/`, else `~/.cache/huggingface/hub`",
+        aliases=(Alias("HF_HOME", lambda raw: Path(raw) / "hub", "a directory path"),),
     )  # fmt: skip
     tokenizer_engine: str = _setting(
         "vllm", "AIBRIX_REMOTE_TOKENIZER_ENGINE", _choice(ENGINES), _one_of(ENGINES),

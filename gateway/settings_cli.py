@@ -88,6 +88,9 @@ def listing(env: dict[str, str]) -> str:
 
 def _meaning(declaration: Declaration) -> str:
     aliases = [alias.variable for alias in declaration.aliases]
-    also = f" (AIBrix: {', '.join(f'`{name}`' for name in aliases)})" if aliases else ""
+    named = ", ".join(f"`{name}`" for name in aliases)
+    also = f" (AIBrix: {named})" if any(a.startswith("AIBRIX_") for a in aliases) else (
+        f" (also read from {named})" if aliases else ""
+    )  # fmt: skip
     allowed = "a duration" if "Go-style" in declaration.allowed else declaration.allowed
     return f"{declaration.meaning}{also}; {allowed}".replace("|", "\\|")

@@ -1,21 +1,26 @@
-"""Tokenizing requests exactly as the engine will: its own /tokenize (and chat template).
+"""Tokenizing requests exactly as the engine will, at the engine: its own /tokenize.
 
 The token ids then equal those in the engine's BlockStored events, which is what makes
 the gateway's prefix hashes meet the index's. Answers are cached by (model, the exact
 content to tokenize). Failures never fail a request: the caller routes on load alone.
+Models whose tokenizer files the gateway has are tokenized in-process instead
+(`gateway.local_tokenizer`); `gateway.prompt_tokenizer` chooses.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.http1 import Http1Error, Http1Pool
+
+logger = logging.getLogger(__name__)
 
 # Request fields that change how vLLM renders and tokenizes a chat / a prompt.
 _CHAT_FIELDS = (
@@ -33,9 +38,11 @@ _PROMPT_FIELDS = ("add_special_tokens",)
 class TokenizerError(Exception):
     """Tokenization failed (timeout, engine error, unusable request); route on load only."""
 
-    def __init__(self, message: str, *, retryable: bool = True) -> None:
+    def __init__(self, message: str, *, retryable: bool = True, where: str = "remote") -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.where = where
+        """Which tokenizer failed: "local" (in-process) or "remote" (an engine's)."""
 
 
 def is_token_ids(values: list[Any]) -> bool:
@@ -57,15 +64,44 @@ def is_token_ids(values: list[Any]) -> bool:
 _INT_ONLY = {int}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenizeInput:
     """What to send to /tokenize, and the cache key that identifies it."""
 
     body: Mapping[str, Any]
-    key: str
+    keyed: Mapping[str, Any]
+    """What the cache key is made of (the body, and what else renders the prompt)."""
     chat: bool = False
     """A chat prompt: only an engine that applies the model's chat template can tokenize
     it (vLLM's /tokenize takes `messages`; SGLang's takes a `prompt` only)."""
+    request: Mapping[str, Any] = field(default_factory=dict)
+    """The client's request (a chat is rendered from it in-process)."""
+    characters: int = 0
+    """The prompt's length in characters (a chat's: its messages' text), what the bound
+    on a model's prompts is checked against before anything is tokenized."""
+    _key: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The cache key, made when first asked for: a prompt refused for its length
+        never pays for serializing it (14 ms for 5 MiB)."""
+        if self._key is None:
+            self._key = _key(self.keyed)
+        return self._key
+
+    @property
+    def text(self) -> str:
+        prompt: str = self.body["prompt"]
+        return prompt
+
+    @property
+    def add_special_tokens(self) -> bool:
+        return self.body.get("add_special_tokens", not self.chat) is not False
+
+    @property
+    def truncated(self) -> bool:
+        """The client asked the engine to truncate the prompt: no length bound applies."""
+        return self.request.get("truncate_prompt_tokens") is not None
 
     @classmethod
     def for_completion(cls, request: Mapping[str, Any]) -> TokenizeInput | list[int]:
@@ -83,13 +119,65 @@ class TokenizeInput:
             raise TokenizerError("only a single prompt (text or token ids) can be matched")
         body: dict[str, Any] = {"model": request["model"], "prompt": prompt}
         body.update({k: request[k] for k in _PROMPT_FIELDS if k in request})
-        return cls(body, _key(body))
+        return cls(body, body, request=request, characters=len(prompt))
 
     @classmethod
     def for_chat(cls, request: Mapping[str, Any]) -> TokenizeInput:
         body: dict[str, Any] = {"model": request["model"], "messages": request["messages"]}
         body.update({k: request[k] for k in _CHAT_FIELDS if k in request})
-        return cls(body, _key(body), chat=True)
+        # Not sent to /tokenize (which ignores it) but part of what is rendered in-process
+        # for /v1/chat/completions: a reasoning effort turns a template's thinking on.
+        keyed = (
+            {**body, "reasoning_effort": request["reasoning_effort"]}
+            if request.get("reasoning_effort") is not None
+            else body
+        )
+        return cls(
+            body, keyed, chat=True, request=request,
+            characters=_text_length(request["messages"]),
+        )  # fmt: skip
+
+
+def _text_length(messages: Any) -> int:
+    """Characters of text in chat messages (string contents and text parts): a lower bound
+    of the rendered prompt's length."""
+    total = 0
+    if not isinstance(messages, list):
+        return 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, str):
+                    total += len(part)
+                elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    total += len(part["text"])
+    return total
+
+
+class LruCache:
+    """Token ids by cache key, the least recently used dropped beyond `size` (0: none)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, list[int]] = OrderedDict()
+        self.hits = 0
+
+    def get(self, key: str) -> list[int] | None:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+        return found
+
+    def put(self, key: str, tokens: list[int]) -> None:
+        if self._size <= 0:
+            return
+        self._entries[key] = tokens
+        if len(self._entries) > self._size:
+            self._entries.popitem(last=False)
 
 
 def _applies_chat_template(engine: str) -> bool:
@@ -126,23 +214,25 @@ class RemoteTokenizer:
         self._pool = pool
         self._timeout_s = timeout_s
         self._max_retries = max_retries
-        self._cache_size = cache_size
         self._endpoint = endpoint
         self._endpoint_engine = endpoint_engine
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self.cache = LruCache(cache_size)
         self._turn = 0
         """Which of the pods the next call starts with."""
-        self.hits = 0
         self.misses = 0
         self.failures = 0
+        self._warned: set[str] = set()
+        """Models whose chats no pod can tokenize, already warned about (once each)."""
+
+    @property
+    def hits(self) -> int:
+        return self.cache.hits
 
     async def tokenize(self, what: TokenizeInput, pods: Sequence[tuple[str, str]]) -> list[int]:
         """Token ids of `what`, from the configured endpoint or one of `pods` (URL, engine
         kind) that can tokenize it."""
-        cached = self._cache.get(what.key)
+        cached = self.cache.get(what.key)
         if cached is not None:
-            self._cache.move_to_end(what.key)
-            self.hits += 1
             return cached
         self.misses += 1
         targets = [(self._endpoint, self._endpoint_engine)] if self._endpoint else list(pods)
@@ -150,9 +240,18 @@ class RemoteTokenizer:
         if not urls:
             self.failures += 1
             if targets:
+                model = str(what.body.get("model"))
+                if model not in self._warned:
+                    self._warned.add(model)
+                    logger.warning(
+                        "model %s: chat requests route on load alone: its SGLang pods cannot "
+                        "tokenize a chat and the gateway has no tokenizer files for it "
+                        "(KVGATE_TOKENIZERS, or HF_HOME with its Hugging Face cache)", model,
+                    )  # fmt: skip
                 raise TokenizerError(
                     "SGLang cannot tokenize a chat prompt (its /tokenize takes a prompt only): "
-                    "set AIBRIX_REMOTE_TOKENIZER_ENDPOINT to a vLLM tokenizer of the model",
+                    "give the gateway the model's tokenizer files (KVGATE_TOKENIZERS) or set "
+                    "AIBRIX_REMOTE_TOKENIZER_ENDPOINT to a vLLM tokenizer of the model",
                     retryable=False,
                 )
             raise TokenizerError("no endpoint to tokenize with")
@@ -170,7 +269,7 @@ class RemoteTokenizer:
                 if attempt < self._max_retries:
                     await asyncio.sleep(min(0.05 * 2**attempt, 0.5))
                 continue
-            self._remember(what.key, tokens)
+            self.cache.put(what.key, tokens)
             return tokens
         self.failures += 1
         raise TokenizerError(last_error)
@@ -196,10 +295,3 @@ class RemoteTokenizer:
         if not isinstance(tokens, list) or not is_token_ids(tokens):
             raise TokenizerError(f"{url}/tokenize answered malformed token ids")
         return tokens
-
-    def _remember(self, key: str, tokens: list[int]) -> None:
-        if self._cache_size <= 0:
-            return
-        self._cache[key] = tokens
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)

@@ -12,6 +12,8 @@ from simulator.config import SimConfig
 from simulator.engine import SimEngine
 from simulator.latency import LatencyModel
 from simulator.server import serve_fleet
+from simulator.tokenizer import SimTokenizer
+from tokenization import TokenizationError
 
 _DEFAULTS = SimConfig()
 _LATENCY = LatencyModel()
@@ -23,6 +25,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--host", default=_DEFAULTS.host, help="HTTP bind address")
     add("--port", type=int, default=_DEFAULTS.port, help="HTTP port (0 = any free port)")
     add("--model", default=_DEFAULTS.model, help="served model name")
+    add(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json, chat "
+        "template) to tokenize and render chats with (default: the simulated model's)",
+    )
     add("--lora", action="append", default=[], help="a LoRA adapter name to list (repeatable)")
     add("--block-size", type=int, default=_DEFAULTS.block_size, help="tokens per KV block")
     add("--gpu-blocks", type=int, default=_DEFAULTS.gpu_blocks, help="GPU KV cache blocks")
@@ -94,6 +104,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         host=args.host,
         port=args.port,
         model=args.model,
+        tokenizer=args.tokenizer,
         loras=tuple(args.lora),
         block_size=args.block_size,
         gpu_blocks=args.gpu_blocks,
@@ -123,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = config_from_args(args)
-    except ValueError as exc:
+        SimTokenizer.load(config.tokenizer)  # unusable files stop here, not in each engine
+    except (ValueError, TokenizationError) as exc:
         print(f"kvgate sim: {exc}", file=sys.stderr)
         return 2
     if args.fleet < 0:

@@ -16,6 +16,9 @@ class SimConfig:
     host: str = "127.0.0.1"
     port: int = 8001
     model: str = "sim-model"
+    tokenizer: Path | None = None
+    """A Hugging Face tokenizer directory (`tokenizer.json`, `tokenizer_config.json`, a chat
+    template) to serve with; None: the simulated model's (`simulator/tokenizer/`)."""
     loras: tuple[str, ...] = ()
     """LoRA adapters served besides the model (listed by /v1/models; generation and
     events treat them as the base model)."""

@@ -24,7 +24,6 @@ import zmq.asyncio
 from simulator.block_hash import BLOCK_HASHES
 from simulator.cache import PagedPrefixCache
 from simulator.cache_types import Tier
-from simulator.chat_template import ChatTemplate
 from simulator.config import SimConfig
 from simulator.disk_tier import DiskTier
 from simulator.faults import Faults
@@ -56,8 +55,7 @@ class SimEngine:
         self.clock = clock
         self.wall_clock = wall_clock
         self.rng = rng if rng is not None else random.Random(config.seed)
-        self.tokenizer = SimTokenizer()
-        self.template = ChatTemplate(self.tokenizer)
+        self.tokenizer = SimTokenizer.load(config.tokenizer)
         self.hasher = BLOCK_HASHES[config.block_hash](config.block_size, config.hash_seed)
         self.codec = HashCodec(config.hash_format, config.flavor)
         self.encoder = EventEncoder(config.event_encoding, config.flavor)

@@ -20,9 +20,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from simulator.chat_template import ChatTemplateError
 from simulator.engine import SimEngine
 from simulator.scheduler import SimRequest
+from tokenization import ChatRenderError, NotRenderable
 
 logger = logging.getLogger(__name__)
 
@@ -90,25 +90,36 @@ def check_model(engine: SimEngine, body: dict[str, Any]) -> None:
         )
 
 
-def prompt_tokens(engine: SimEngine, body: dict[str, Any], *, chat: bool) -> list[int]:
-    """Token ids of a completion `prompt` or chat `messages`, as `/tokenize` computes them."""
+def prompt_tokens(
+    engine: SimEngine, body: dict[str, Any], *, chat: bool, served: bool = False
+) -> list[int]:
+    """Token ids of a completion `prompt` or chat `messages`, as `/tokenize` computes them
+    (`chat`: the body is a `/v1/chat/completions` request, whose template arguments vLLM
+    merges in more). `served`: the prompt is to be generated from, so, as vLLM, a prompt
+    text longer than `max_model_len` × the vocabulary's longest token is refused before it
+    is tokenized (`/tokenize` checks no length)."""
     if chat or "messages" in body:
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            raise RequestError("messages must be a list", param="messages")
         try:
-            return engine.template.render(
-                messages,
-                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-                add_special_tokens=bool(body.get("add_special_tokens", False)),
-            )
-        except ChatTemplateError as exc:
-            raise RequestError(str(exc), param="messages") from exc
+            text = engine.tokenizer.render_chat(body, completions=chat)
+        except ChatRenderError as exc:  # what vLLM answers 400 to, with the reason
+            raise RequestError(str(exc)) from exc
+        except NotRenderable as exc:
+            # Media parts (a text-only model refuses them too) or the request's own chat
+            # template (vLLM refuses it unless started with --trust-request-chat-template).
+            raise RequestError(str(exc)) from exc
+        if served:
+            _check_characters(engine, body, text)
+        add_special = body.get("add_special_tokens", False)
+        if not isinstance(add_special, bool):
+            raise RequestError("add_special_tokens must be a boolean")
+        return engine.tokenizer.encode(text, add_special_tokens=add_special)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     add_special = bool(body.get("add_special_tokens", True))
     if isinstance(prompt, str):
+        if served:
+            _check_characters(engine, body, prompt)
         return engine.tokenizer.encode(prompt, add_special_tokens=add_special)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         # vLLM validates with pydantic in lax mode: a JSON true/false is the token id 1/0,
@@ -118,6 +129,22 @@ def prompt_tokens(engine: SimEngine, body: dict[str, Any], *, chat: bool) -> lis
             raise RequestError("prompt contains token ids outside the vocabulary", param="prompt")
         return ids
     raise RequestError("prompt must be a string or a list of token ids", param="prompt")
+
+
+def _check_characters(engine: SimEngine, body: dict[str, Any], text: str) -> None:
+    """vLLM's check before tokenizing: no token covers more characters than the longest."""
+    if body.get("truncate_prompt_tokens") is not None:
+        return
+    limit = engine.config.max_model_len
+    bound = limit * engine.tokenizer.max_chars_per_token
+    if len(text) > bound:
+        raise RequestError(
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"contains {len(text)} characters (more than {bound} characters, which is the "
+            f"upper bound for {limit} input tokens). Please reduce the length of the input "
+            "prompt.",
+            param="input_text",
+        )
 
 
 def _max_tokens(engine: SimEngine, body: dict[str, Any], prompt_len: int) -> int:
@@ -149,7 +176,7 @@ def _usage(req: SimRequest) -> dict[str, Any]:
 async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) -> Response:
     body = await read_json(request)
     check_model(engine, body)
-    prompt = prompt_tokens(engine, body, chat=chat)
+    prompt = prompt_tokens(engine, body, chat=chat, served=True)
     max_tokens = _max_tokens(engine, body, len(prompt))
     status = engine.faults.take_request_failure()
     if status is not None:

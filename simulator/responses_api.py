@@ -91,7 +91,7 @@ async def responses(engine: SimEngine, request: Request) -> Response:
     check_model(engine, body)
     if body.get("previous_response_id") is not None:
         raise RequestError("stored responses are not supported", param="previous_response_id")
-    prompt = prompt_tokens(engine, {"messages": _messages(body)}, chat=True)
+    prompt = prompt_tokens(engine, {"messages": _messages(body)}, chat=True, served=True)
     limits = {"max_tokens": body["max_output_tokens"]} if "max_output_tokens" in body else {}
     max_tokens = _max_tokens(engine, limits, len(prompt))
     status = engine.faults.take_request_failure()

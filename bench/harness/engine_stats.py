@@ -96,13 +96,18 @@ async def cache_capacity_tokens(client: httpx.AsyncClient, url: str) -> int:
 async def reset_prefix_caches(
     client: httpx.AsyncClient, engine_urls: Sequence[str], *, timeout_s: float = 30.0
 ) -> None:
-    """`POST /reset_prefix_cache` on every engine (retried while one is still busy)."""
+    """`POST /reset_prefix_cache` on every engine (SGLang's `/flush_cache` where that is not
+    served), retried while one is still busy."""
     async with asyncio.timeout(timeout_s):
         for url in engine_urls:
+            path = "/reset_prefix_cache"
             while True:
-                response = await client.post(f"{url}/reset_prefix_cache")
+                response = await client.post(f"{url}{path}")
                 if response.status_code == 200:
                     break
+                if response.status_code == 404 and path != "/flush_cache":
+                    path = "/flush_cache"
+                    continue
                 if response.status_code != 400:
                     response.raise_for_status()
                 await asyncio.sleep(0.1)  # 400: requests still running there

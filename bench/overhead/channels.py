@@ -18,6 +18,7 @@ from typing import Protocol
 import httpx
 
 PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class Timing:
 class Channel(Protocol):
     """Sequential requests to one server over one keep-alive connection."""
 
-    async def post(self, body: bytes, policy: str) -> Timing: ...
+    async def post(self, body: bytes, policy: str, path: str = PATH) -> Timing: ...
 
     async def close(self) -> None: ...
 
@@ -48,11 +49,11 @@ class RawChannel:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
-    async def post(self, body: bytes, policy: str) -> Timing:
+    async def post(self, body: bytes, policy: str, path: str = PATH) -> Timing:
         if self._reader is None or self._writer is None:
             self._reader, self._writer = await asyncio.open_connection(self._host, self._port)
         head = (
-            f"POST {PATH} HTTP/1.1\r\nhost: {self._host}:{self._port}\r\n"
+            f"POST {path} HTTP/1.1\r\nhost: {self._host}:{self._port}\r\n"
             f"content-type: application/json\r\nx-kvgate-policy: {policy}\r\n"
             f"content-length: {len(body)}\r\n\r\n"
         ).encode()
@@ -87,13 +88,14 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, float]:
 class HttpxChannel:
     def __init__(self, client: httpx.AsyncClient, url: str) -> None:
         self._client = client
-        self._url = url + PATH
+        self._url = url
 
-    async def post(self, body: bytes, policy: str) -> Timing:
+    async def post(self, body: bytes, policy: str, path: str = PATH) -> Timing:
         headers = {"content-type": "application/json", "x-kvgate-policy": policy}
         started = time.perf_counter()
         first = 0.0
-        async with self._client.stream("POST", self._url, content=body, headers=headers) as r:
+        url = self._url + path
+        async with self._client.stream("POST", url, content=body, headers=headers) as r:
             async for _ in r.aiter_raw():
                 first = first or time.perf_counter()
         ended = time.perf_counter()

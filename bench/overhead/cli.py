@@ -34,6 +34,7 @@ from bench.overhead.report import (
     report,
     router_figures,
     targets,
+    tokenizer_figures,
 )
 from bench.overhead.streams import StreamPlan, StreamSamples, stream_phase
 from bench.results_io import add_output_arguments, write_json
@@ -120,13 +121,32 @@ class Plan:
             Case("c1_relay", "round-robin", 1, one, via="relay"),
             Case("c32", "round-robin", 32, many),
             Case("c32_relay", "round-robin", 32, many, via="relay"),
-            Case("c1_tokenized", "prefix-cache", 1, one),
-            Case("c1_tokenized_distinct", "prefix-cache", 1, one, distinct=True),
-            Case("c32_tokenized", "prefix-cache", 32, many),
-            Case("c32_tokenized_distinct", "prefix-cache", 32, many, distinct=True),
+            *self.tokenizer_cases(),
             Case("stream", "round-robin", 1, self.stream_requests, stream=True),
             *(case for peer in self.peers for case in self.peer_cases(peer)),
         ]
+
+    def tokenizer_cases(self) -> list[Case]:
+        """Tokenized requests (prefix-cache), text and chat, by pairs: through the gateway
+        that asks the engines' /tokenize and, keys ending in `_local`, through the one
+        tokenizing in-process; which of a pair goes first alternates."""
+        one, many = self.requests, self.requests_c32
+        cases: list[Case] = []
+        for index, (key, concurrency, requests, distinct, chat) in enumerate((
+            ("c1_tokenized", 1, one, False, False),
+            ("c1_tokenized_distinct", 1, one, True, False),
+            ("c1_chat_distinct", 1, one, True, True),
+            ("c32_tokenized", 32, many, False, False),
+            ("c32_tokenized_distinct", 32, many, True, False),
+            ("c32_chat_distinct", 32, many, True, True),
+        )):  # fmt: skip
+            pair = [
+                Case(key, "prefix-cache", concurrency, requests, distinct, chat=chat),
+                Case(f"{key}_local", "prefix-cache", concurrency, requests, distinct,
+                     via="gateway-local", chat=chat),
+            ]  # fmt: skip
+            cases.extend(pair if index % 2 == 0 else reversed(pair))
+        return cases
 
     def peer_cases(self, peer: str) -> list[Case]:
         """A peer's requests as kvgate's c1, c32 and c32_tokenized_distinct cases, routed
@@ -250,5 +270,6 @@ async def bench(plan: Plan) -> tuple[dict[str, Any], Samples, StreamSamples]:
     results["config"]["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
     results.update(headline(results["cases"], rps))
     results["routers"] = router_figures(results, plan.peers)
+    results["tokenizers"] = tokenizer_figures(results["cases"])
     results["targets"] = targets(results)
     return results, samples, stream_samples

@@ -1,5 +1,6 @@
-"""The benchmark's child processes: simulated engines, `kvgate serve`, a byte relay and,
-with `--peers`, peer routers (`bench/routing/routers.py`).
+"""The benchmark's child processes: simulated engines, `kvgate serve` (twice: tokenizing at
+the engines, and in-process with the simulated model's files), a byte relay and, with
+`--peers`, peer routers (`bench/routing/routers.py`).
 
 Each is started on loopback, waited for until ready and stopped on the way out; their CPU
 seconds are read from /proc so every phase can say which process saturates. The streaming
@@ -20,7 +21,9 @@ from pathlib import Path
 
 import httpx
 
+import simulator.tokenizer
 from bench.harness.fleet import (
+    MODEL,
     EngineEndpoint,
     SimOptions,
     SimProcess,
@@ -32,6 +35,11 @@ from bench.harness.processes import ChildProcess
 from bench.routing.routers import make_router
 
 _START_TIMEOUT_S = 30.0
+LOCAL_TOKENIZER = {
+    "KVGATE_TOKENIZER": "local",
+    "KVGATE_TOKENIZERS": f"{MODEL}={Path(simulator.tokenizer.__file__).parent}",
+}
+"""The in-process gateway's settings: the simulated model's own tokenizer files."""
 # A byte relay (no HTTP parsing) in its own process: the cost of one more process hop on
 # this machine, the floor under any proxy's added latency.
 _RELAY = """
@@ -69,14 +77,22 @@ class Fleet:
     children: list[ChildProcess]
     peer_urls: dict[str, str] = field(default_factory=dict)
     """Peer routers in front of the engines, by name (their process's name too)."""
+    local_gateway_url: str = ""
+    """A second gateway, tokenizing in-process (`KVGATE_TOKENIZER=local`); the first one
+    asks the engines' /tokenize (`remote`)."""
 
     def url(self, via: str) -> str:
         if via in self.peer_urls:
             return self.peer_urls[via]
+        if via == "gateway-local":
+            return self.local_gateway_url
         return self.gateway_url if via == "gateway" else self.relay_url
 
     def cpu_s(self, name: str) -> float:
         return _cpu(next(c for c in self.children if c.name == name))
+
+    def engines_cpu_s(self) -> float:
+        return sum(_cpu(c) for c in self.children if isinstance(c, SimProcess))
 
     def cpu_by_process(self) -> dict[str, float]:
         return {"client": time.process_time(), **{c.name: _cpu(c) for c in self.children}}
@@ -163,13 +179,21 @@ async def _fleet(
             await engine.start(timeout_s=_START_TIMEOUT_S)
         endpoints = endpoints_of(engines)
         pods_file = write_pods_file(workdir / f"{prefix}pods.json", endpoints)
-        gateway = GatewayProcess(pods_file, log, profile=profile, name=gateway_name)
+        gateway = GatewayProcess(pods_file, log, profile=profile, name=gateway_name,
+                                 env={"KVGATE_TOKENIZER": "remote"})  # fmt: skip
         children.append(gateway)
         await gateway.start(_START_TIMEOUT_S)
+        local_url = ""
+        if relay:  # the measured fleet (not the streaming one): both tokenizers side by side
+            local = GatewayProcess(pods_file, log, name="gateway-local", env=LOCAL_TOKENIZER)
+            children.append(local)
+            await local.start(_START_TIMEOUT_S)
+            local_url = local.url
         relay_url = await _start_relay(endpoints[0].url, log, children) if relay else ""
         peer_dir = workdir / f"{prefix}peers"
         peer_urls = await _start_peers(peers, pods_file, endpoints, peer_dir, children)
-        yield Fleet([e.url for e in endpoints], gateway.url, relay_url, children, peer_urls)
+        yield Fleet([e.url for e in endpoints], gateway.url, relay_url, children, peer_urls,
+                    local_url)  # fmt: skip
     finally:
         for child in reversed(children):
             await child.stop(15.0)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.harness.fleet import MODEL
-from bench.overhead.channels import ChannelFactory, Timing
+from bench.overhead.channels import CHAT_PATH, PATH, ChannelFactory, Timing
 from bench.overhead.fleet import Fleet
 from bench.results_io import percentile
 
@@ -22,6 +22,13 @@ CPU_RUN_MIN_REQUESTS = 500
 """At least this many requests in a run measuring CPU per request: /proc counts a
 process's CPU in 10 ms ticks."""
 _PROMPT = "You are a helpful assistant. Say hello to the user in one short word please."
+_SYSTEM = " ".join(
+    f"Rule {i}: answer questions about the prefix cache of the gateway briefly, cite the "
+    f"section {i * 7} of the manual, and never invent a block hash."
+    for i in range(16)
+)
+"""A chat case's system prompt (~2,300 characters, ~500 tokens): what a chat request's
+tokenization renders and encodes every time."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,14 @@ class Case:
     distinct: bool = False
     stream: bool = False
     via: str = "gateway"
-    """Through the gateway, the byte relay ("relay") or a peer router (its name)."""
+    """Through the gateway, the gateway tokenizing in-process ("gateway-local"), the byte
+    relay ("relay") or a peer router (its name)."""
+    chat: bool = False
+    """Chat completions (a system prompt and a question), else completions."""
+
+    @property
+    def path(self) -> str:
+        return CHAT_PATH if self.chat else PATH
 
 
 @dataclass
@@ -48,6 +62,9 @@ class Bodies:
     def next(self, case: Case) -> bytes:
         prompt = f"Request {next(self.counter)}. {_PROMPT}" if case.distinct else _PROMPT
         body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
+        if case.chat:
+            messages = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": prompt}]
+            body = {"model": MODEL, "messages": messages, "max_tokens": 1}
         if case.stream:
             body.update(max_tokens=4, stream=True)
         return json.dumps(body).encode()
@@ -64,6 +81,9 @@ class Comparison:
     events of the direct requests (`gateway_cpu_s` is then from requests of its own)."""
     cpu_requests: int = 0
     """The requests `gateway_cpu_s` covers (0: the measured ones)."""
+    engines_cpu_s: float | None = None
+    """At concurrency 1: the engines' CPU over the same run (what a remote tokenizer costs
+    them shows here)."""
     cpu_run_statuses: Counter[str] = field(default_factory=Counter)
     """Non-200 answers in the run of the gateway's requests alone."""
 
@@ -91,19 +111,21 @@ async def compare_c1(case: Case, fleet: Fleet, new: ChannelFactory, bodies: Bodi
         for i in range(case.requests + WARM_UP):
             if i == WARM_UP:
                 cpu_before = fleet.cpu_s(case.via)
-            direct = await engines[i % len(engines)].post(bodies.next(case), case.policy)
-            via = await gateway.post(bodies.next(case), case.policy)
+            direct = await engines[i % len(engines)].post(bodies.next(case), case.policy, case.path)
+            via = await gateway.post(bodies.next(case), case.policy, case.path)
             if i >= WARM_UP:
                 result.direct.append(direct)
                 result.gateway.append(via)
         result.interleaved_cpu_s = fleet.cpu_s(case.via) - cpu_before
         result.cpu_requests = max(CPU_RUN_MIN_REQUESTS, case.requests // 2)
         cpu_before = fleet.cpu_s(case.via)
+        engines_before = fleet.engines_cpu_s()
         for _ in range(result.cpu_requests):
-            alone = await gateway.post(bodies.next(case), case.policy)
+            alone = await gateway.post(bodies.next(case), case.policy, case.path)
             if alone.status != 200:
                 result.cpu_run_statuses[str(alone.status)] += 1
         result.gateway_cpu_s = fleet.cpu_s(case.via) - cpu_before
+        result.engines_cpu_s = fleet.engines_cpu_s() - engines_before
     finally:
         await asyncio.gather(*(channel.close() for channel in (*engines, gateway)))
     return result
@@ -152,7 +174,7 @@ async def closed_loop(
         channel = new(url)
         try:
             while more():
-                timings.append(await channel.post(bodies.next(case), case.policy))
+                timings.append(await channel.post(bodies.next(case), case.policy, case.path))
         finally:
             await channel.close()
 
@@ -220,6 +242,8 @@ def summarise(case: Case, comparison: Comparison) -> dict[str, Any]:
         figures[f"added_p{pct}_ms"] = round(_ms(gateway, pct) - _ms(direct, pct), 3)
     cpu_requests = comparison.cpu_requests or len(gateway)
     figures["gateway_cpu_us_per_request"] = round(comparison.gateway_cpu_s / cpu_requests * 1e6)
+    if comparison.engines_cpu_s is not None:
+        figures["engines_cpu_us_per_request"] = round(comparison.engines_cpu_s / cpu_requests * 1e6)
     if comparison.interleaved_cpu_s is not None:
         figures["gateway_cpu_us_per_request_interleaved"] = round(
             comparison.interleaved_cpu_s / len(gateway) * 1e6

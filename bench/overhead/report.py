@@ -49,6 +49,27 @@ def router_figures(results: dict[str, Any], peers: tuple[str, ...]) -> dict[str,
     return routers
 
 
+_TOKENIZER_FIGURES = (
+    "added_p50_ms", "added_p99_ms", "gateway_cpu_us_per_request", "engines_cpu_us_per_request",
+)  # fmt: skip
+
+
+def tokenizer_figures(cases: dict[str, Any]) -> dict[str, Any]:
+    """Each tokenized case's figures in-process ("local") and at the engines ("remote"),
+    side by side: added latency p50 / p99, the gateway's CPU per request, and (c=1) the
+    engines' (which pay for a remote tokenization)."""
+    pairs: dict[str, Any] = {}
+    for key, case in cases.items():
+        if not key.endswith("_local") or key.removesuffix("_local") not in cases:
+            continue
+        remote = cases[key.removesuffix("_local")]
+        pairs[key.removesuffix("_local")] = {
+            side: {name: figures[name] for name in _TOKENIZER_FIGURES if name in figures}
+            for side, figures in (("local", case), ("remote", remote))
+        }
+    return pairs
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The targets for kvgate's CPU and streaming figures; `ok` None: not measured."""
     routers = results["routers"]
@@ -103,6 +124,18 @@ def report(results: dict[str, Any]) -> None:
     for side in ("direct", "gateway"):
         cores = ", ".join(f"{n} {v:.2f}" for n, v in rps[f"{side}_cpu_cores"].items())
         rows.append((f"CPU cores busy, {side} run", cores, _busiest(rps[f"{side}_cpu_cores"])))
+    for key, sides in results["tokenizers"].items():
+        local, remote = sides["local"], sides["remote"]
+        rows.append((
+            f"tokenizer, {key}: local | remote",
+            f"added p50 {local['added_p50_ms']:.3f} | {remote['added_p50_ms']:.3f}, p99 "
+            f"{local['added_p99_ms']:.3f} | {remote['added_p99_ms']:.3f} ms",
+            f"CPU us/req gateway {local['gateway_cpu_us_per_request']} | "
+            f"{remote['gateway_cpu_us_per_request']}"
+            + (f", engines {local['engines_cpu_us_per_request']} | "
+               f"{remote['engines_cpu_us_per_request']}"
+               if "engines_cpu_us_per_request" in local else ""),
+        ))  # fmt: skip
     rows += _stream_rows(results["streaming"])
     for name, figures in results["routers"].items():
         cpu = ", ".join(

@@ -160,8 +160,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--engines",
         type=EngineChoice.parse,
         default=EngineChoice(8),
-        metavar="N|vllm:N",
-        help="N simulated engines, one process each (8); vllm:N: N real vLLM engines on CPU, "
+        metavar="N|sglang:N|vllm:N",
+        help="N simulated engines, one process each (8); sglang:N: simulated SGLang engines "
+        "(kvgate tokenizes chats in-process with the simulated model's files); "
+        "vllm:N: N real vLLM engines on CPU, "
         "each on its own core (the scripts/e2e-vllm.sh venv; smaller workloads, traces "
         f"scaled by {REAL_TRACE_SCALE:g}; docs/benchmarks.md)",
     )
@@ -340,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
         workloads=[*workloads, *(trace.name for trace in traces)],
         traces=tuple(traces),
         real_engines=real,
+        engine_flavor=args.engines.flavor,
         trace_speed=args.trace_speed,
         routers=routers,
         engines=args.engines.count,

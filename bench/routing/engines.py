@@ -34,7 +34,7 @@ from bench.harness.fleet import (
 from bench.harness.processes import ChildProcess
 from bench.harness.vllm_fleet import VllmFleet, single_token_words, start_vllm_fleet
 from bench.harness.vllm_latency import measure_latency
-from bench.harness.vllm_model import BENCH_SHAPE, build_model, vllm_python
+from bench.harness.vllm_model import BENCH_SHAPE, build_bench_model, vllm_python
 from bench.routing.fleet import FleetPlan, engine_processes
 from bench.routing.workloads import WorkloadSize
 from bench.workloads.chat import WORDS as VOCABULARY
@@ -54,7 +54,8 @@ block (a conversation-trace prompt of 7 k tokens at p50 becomes ~430)."""
 
 @dataclass(frozen=True, slots=True)
 class EngineChoice:
-    """`--engines`: how many, and whether simulated (`8`) or real vLLM (`vllm:2`)."""
+    """`--engines`: how many, and whether simulated vLLM (`8`), simulated SGLang (`sglang:8`)
+    or real vLLM (`vllm:2`)."""
 
     count: int
     kind: str = "sim"
@@ -63,11 +64,18 @@ class EngineChoice:
     def real(self) -> bool:
         return self.kind == "vllm"
 
+    @property
+    def flavor(self) -> str:
+        """The simulated engines' flavour (`kvgate sim --flavor`)."""
+        return "sglang" if self.kind == "sglang" else "vllm"
+
     @classmethod
     def parse(cls, raw: str) -> EngineChoice:
-        match = re.fullmatch(r"(?:(vllm):)?(\d+)", raw.strip())
+        match = re.fullmatch(r"(?:(vllm|sglang):)?(\d+)", raw.strip())
         if match is None or int(match.group(2)) < 1:
-            raise argparse.ArgumentTypeError("a count of simulated engines (8) or vllm:N")
+            raise argparse.ArgumentTypeError(
+                "a count of simulated engines (8), sglang:N (simulated SGLang) or vllm:N"
+            )
         return cls(int(match.group(2)), match.group(1) or "sim")
 
 
@@ -171,8 +179,8 @@ class RealEngines:
         self.vocabulary: tuple[str, ...] | None = None
 
     async def prepare(self) -> None:
-        python = await asyncio.to_thread(vllm_python)
-        await build_model(self.model_dir, BENCH_SHAPE, python=python)
+        await asyncio.to_thread(vllm_python)  # no vLLM venv: say so before building anything
+        await asyncio.to_thread(build_bench_model, self.model_dir)
 
     async def measure(
         self, client: httpx.AsyncClient, endpoint: EngineEndpoint, max_model_len: int

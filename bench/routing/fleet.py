@@ -59,6 +59,9 @@ class FleetPlan:
     topic: str = SIM_TOPIC
     max_model_len: int = 32768
     """The engines' context length: a longer request is refused, as vLLM refuses it."""
+    flavor: str = "vllm"
+    """`kvgate sim --flavor`: SGLang engines tokenize no chat (kvgate then tokenizes
+    in-process with the simulated model's files)."""
 
     def vllm_like(self) -> FleetPlan:
         """Engines that publish exactly as a vLLM started with PYTHONHASHSEED=0 and default
@@ -86,9 +89,11 @@ class FleetPlan:
         latency = self.engine_latency(index)
         hashing = [] if self.block_hash == "sim" else ["--block-hash", self.block_hash]
         topic = [] if self.topic == SIM_TOPIC else [f"--topic={self.topic}"]
+        flavor = [] if self.flavor == "vllm" else ["--flavor", self.flavor]
         return [
             *hashing,
             *topic,
+            *flavor,
             "--request-overhead-ms", str(latency.request_overhead_ms),
             "--prefill-us-per-token", str(latency.prefill_us_per_token),
             "--prefill-us-per-token-sq", str(latency.prefill_us_per_token_sq),

@@ -33,7 +33,6 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.http1 import Http1Error, Http1Pool
 from simulator.block_hash import BLOCK_HASHES, int_hash, to_unsigned64
-from simulator.chat_template import ChatTemplate
 from simulator.tokenizer import SimTokenizer
 from simulator.wire import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 
@@ -80,12 +79,12 @@ class Oracle:
         block_hash: str = "sim",
     ) -> None:
         self.engines = engines
-        self._template = ChatTemplate(SimTokenizer())
+        self._tokenizer = SimTokenizer.load()
         self._hasher = BLOCK_HASHES[block_hash](block_size, hash_seed)
         self._rng = random.Random(0)
 
     def keys(self, body: dict[str, Any]) -> list[int]:
-        tokens = self._template.render(body["messages"], add_generation_prompt=True)
+        tokens = self._tokenizer.encode_chat(body, completions=True)
         return [int_hash(digest) for digest in self._hasher.chain(tokens)]
 
     def pick(self, body: dict[str, Any], headers: Mapping[str, str]) -> Engine:

@@ -108,13 +108,15 @@ def make_router(
     routing_config: Path | None = None,
     profiles: Collection[str] = KVGATE_POLICIES,
     engine_block_size: int = 16,
+    tokenizers: str | None = None,
 ) -> RouterProcess:
     """Router `name` on a free port; `replica`: one of several kvgate replicas (own log).
     kvgate's cost model is told that its pods answer `prior_scale` times as slowly as its
     prior says (a calibrated 14B model on one GPU), as an operator tells it of a slower
     GPU. `profiles`: the names that are kvgate's policies, the built-ins and those
     `routing_config` (given to every kvgate) declares. `engine_block_size`: tokens per
-    block of the engines' KV events (for the peers that read them)."""
+    block of the engines' KV events (for the peers that read them). `tokenizers`: kvgate's
+    `KVGATE_TOKENIZERS` (its models' tokenizer files, to tokenize in-process)."""
     port = free_port_block(2, rng)
     log = log_dir / (f"router-{name}.log" if replica is None else f"router-{name}-{replica}.log")
     if name in profiles:
@@ -123,6 +125,8 @@ def make_router(
         env = {"KVGATE_ADMIN_TOKEN": token, "KVGATE_COST_PRIOR_SCALE": f"{prior_scale:g}"}
         if routing_config is not None:
             env["KVGATE_ROUTING_CONFIG"] = str(routing_config)
+        if tokenizers is not None:
+            env["KVGATE_TOKENIZERS"] = tokenizers
         return RouterProcess(name, command, log, port, env, token)
     if name in BASELINES:
         command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port), block_hash]

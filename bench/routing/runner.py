@@ -25,7 +25,9 @@ from typing import Any
 
 import httpx
 
+import simulator.tokenizer
 from bench.harness.engine_stats import deltas, read_counters, reset_prefix_caches
+from bench.harness.fleet import MODEL
 from bench.harness.processes import ChildProcess
 from bench.harness.streaming import RequestRecord
 from bench.results_io import write_json
@@ -113,6 +115,8 @@ class RoutingOptions:
     """Replayed traces; each is a workload named `trace:<file stem>` in `workloads`."""
     real_engines: bool = False
     """Real vLLM engines on CPU (`engines` of them) instead of simulated ones."""
+    engine_flavor: str = "vllm"
+    """The simulated engines' flavour (`--engines sglang:N`: SGLang)."""
     trace_speed: float | None = None
     """Replay every trace this many times faster than recorded instead of at `loads`."""
 
@@ -126,6 +130,9 @@ class RoutingOptions:
         return (*KVGATE_POLICIES, *self.config_profiles)
 
 
+SIM_TOKENIZERS = f"{MODEL}={Path(simulator.tokenizer.__file__).parent}"
+"""`KVGATE_TOKENIZERS` of a kvgate in front of simulated SGLang engines: the simulated
+model's own files (SGLang's /tokenize renders no chat)."""
 RAMP_LOAD = 0.8
 """Closed-loop users join at the rate of the open loop's default load."""
 
@@ -267,6 +274,7 @@ async def _prepare(
     plan = dataclasses.replace(plan, time_scale=options.time_scale or wall_rate / capacity)
     if needs_vllm_like_engines(options.routers):
         plan = plan.vllm_like()
+    plan = dataclasses.replace(plan, flavor=options.engine_flavor)
     sim = SimFleet(plan, log_dir, options.seed, rng)
     await sim.start(client)
     return script, plan, capacity, sim
@@ -371,7 +379,8 @@ async def _run_one(
         make_router(router_name, fleet.pods, endpoints, logs, random.Random(), plan.block_hash,
                     replica=index if replicas > 1 else None, prior_scale=_prior_scale(plan),
                     routing_config=options.routing_config, profiles=options.kvgate_routers,
-                    engine_block_size=fleet.block_size)
+                    engine_block_size=fleet.block_size,
+                    tokenizers=SIM_TOKENIZERS if plan.flavor == "sglang" else None)
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
@@ -533,7 +542,7 @@ def _describe(
         "slow_engines": plan.engines // 2 if plan.slowdown != 1.0 else 0,
         "slowdown": plan.slowdown,
         "ideal_capacity_rps": capacity,
-        "engine_kind": "vllm" if options.real_engines else "sim",
+        "engine_kind": "vllm" if options.real_engines else f"sim-{options.engine_flavor}",
     }
     trace = options.trace(workload)
     if trace is not None:

@@ -23,6 +23,11 @@ from typing import Any, Protocol
 
 # Template tokens around each message (`<|role|>`, newline, `<|end|>`, newline).
 MESSAGE_OVERHEAD_TOKENS = 4
+TOOL_CALL_TOKENS = 25
+"""Template tokens of one of an assistant's tool calls, as the agent workload writes them
+(`<tool_call>{"name": "tool_0", "arguments": {}}</tool_call>`)."""
+TOOL_RESULT_TOKENS = 10
+"""Template tokens around a tool's answer (`<tool_result>`, `</tool_result>`)."""
 
 Message = dict[str, Any]
 """An OpenAI chat message: role and content, and an agent's tool calls and their ids."""
@@ -48,10 +53,11 @@ class ScriptTurn:
     """Instead of `messages`: a prompt rendered when sent."""
 
     def prompt_tokens(self) -> int:
-        """Estimated prompt tokens (one per word, as the simulated tokenizer counts them)."""
+        """Estimated prompt tokens (one per word, as the simulated tokenizer counts them,
+        and the chat template's around each message)."""
         if self.prompt is not None:
             return self.prompt.tokens
-        return sum(_tokens(m["content"]) for m in self.messages)
+        return sum(_tokens(m) for m in self.messages)
 
     def request_messages(self) -> list[Message]:
         """The messages to send."""
@@ -156,8 +162,10 @@ def poisson_starts(count: int, rate: float, seed: int) -> list[float]:
     return starts
 
 
-def _tokens(text: str) -> int:
-    return len(text.split()) + MESSAGE_OVERHEAD_TOKENS
+def _tokens(message: Message) -> int:
+    tokens = len(message["content"].split()) + MESSAGE_OVERHEAD_TOKENS
+    tokens += TOOL_CALL_TOKENS * len(message.get("tool_calls") or ())
+    return tokens + (TOOL_RESULT_TOKENS if message["role"] == "tool" else 0)
 
 
 def lognormal_int(rng: random.Random, median: float, sigma: float, cap: int) -> int:

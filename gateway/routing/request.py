@@ -27,6 +27,9 @@ class RoutingRequest:
     """Whether `prompt_tokens` is exact."""
     body_bytes: int = 0
     """The size of the client's request body (what an untokenized prompt is estimated from)."""
+    client: str = ""
+    """Who sent it (`gateway.api.client_key`): an untokenized prompt's size is estimated
+    from what this client's own earlier prompts taught."""
     prefix_hashes: Sequence[int] = ()
     slo_ttft_s: float | None = None
     """The client's time-to-first-token objective (`x-slo-ttft-ms`), if any."""

@@ -24,6 +24,10 @@ FIGURES = (
     "added_p99_ms_c1_tokenized",
     "added_p50_ms_c1_tokenized_distinct",
     "added_p50_ms_c32_tokenized",
+    "added_p50_ms_c1_tokenized_local",
+    "added_p50_ms_c1_chat_distinct",
+    "added_p50_ms_c1_chat_distinct_local",
+    "added_p99_ms_c32_chat_distinct_local",
     "stream_first_chunk_added_p50_ms",
     "stream_first_chunk_added_p99_ms",
     "max_rps_gateway",
@@ -68,11 +72,21 @@ def test_bench_overhead_writes_every_figure(tmp_path: Path) -> None:
     assert figures["config"]["requests_c1"] == 30
     assert plot.stat().st_size > 0
     pids = figures["config"]["pids"]
-    assert set(pids) == {"engine-0", "gateway", "relay"}
+    assert set(pids) == {"engine-0", "gateway", "gateway-local", "relay"}
     assert not [name for name, pid in pids.items() if _running(pid)]
     kvgate = figures["routers"]["kvgate"]
     assert kvgate["cpu_us_per_request_c1"] > 0
-    for key in ("c1", "c1_tokenized_distinct"):
+    tokenizers = figures["tokenizers"]
+    assert set(tokenizers) == {
+        f"c{c}_{kind}" for c in (1, 32) for kind in ("tokenized", "tokenized_distinct",
+                                                      "chat_distinct")
+    }  # fmt: skip
+    for key, sides in tokenizers.items():
+        assert sides["local"]["gateway_cpu_us_per_request"] > 0, key
+        assert sides["remote"]["gateway_cpu_us_per_request"] > 0, key
+        assert key in result.stdout
+    assert figures["cases"]["c1_chat_distinct_local"]["via"] == "gateway-local"
+    for key in ("c1", "c1_tokenized_distinct", "c1_chat_distinct_local"):
         case = figures["cases"][key]
         assert case["gateway_cpu_us_per_request"] > 0, key  # its own run: 500 requests at least
         # 30 alternating requests are a few 10 ms CPU ticks: present, but may round to 0.

@@ -33,6 +33,7 @@ from bench.routing.runner import RoutingOptions, ramp_for
 from bench.routing.summary import RunResult, median_of, spread_of
 from bench.routing.workloads import WORKLOADS, WorkloadSize, build, slowdown
 from simulator import LatencyModel
+from simulator.tokenizer import SimTokenizer
 from tests.conftest import StartEngine
 from tests.helpers import eventually
 
@@ -71,6 +72,21 @@ def test_agent_loops_append_tool_output() -> None:
     answered = [m["tool_call_id"] for m in last if m["role"] == "tool"]
     assert calls == answered and len(set(calls)) == len(calls) > 1
     assert all(m["tool_calls"][0]["type"] == "function" for m in last if m["role"] == "assistant")
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_prompt_estimates_are_the_simulators_counts_but_a_fixed_few(name: str) -> None:
+    """Fleets are sized and real engines' context set from the estimates: each misses
+    only the template's fixed tokens (`<s>`, the answer's header, a system prompt's
+    punctuation), however long an agent's loop of tool calls grows."""
+    tokenizer = SimTokenizer.load()
+    turns = [turn for c in build(name, SMALL, 3).conversations for turn in c.turns]
+    missed = [
+        len(tokenizer.encode_chat({"messages": turn.request_messages()}, completions=True))
+        - turn.prompt_tokens()
+        for turn in turns
+    ]
+    assert min(missed) >= 0 and max(missed) <= 16, missed
 
 
 def _result(router: str, p90_ms: float, errors: int = 0) -> RunResult:

@@ -44,7 +44,6 @@ from bench.routing.trace import (
 )
 from bench.routing.workloads import WorkloadSize
 from bench.workloads.chat import WORDS as VOCABULARY
-from simulator.chat_template import ChatTemplate
 from simulator.tokenizer import SimTokenizer
 
 B = TRACE_BLOCK_TOKENS
@@ -113,18 +112,18 @@ def test_a_window_selects_rebases_and_caps_the_answers(tmp_path: Path) -> None:
 def test_prompts_reproduce_the_traces_prefix_structure_token_for_token(tmp_path: Path) -> None:
     """Equal hash ids are identical 512-token blocks, different ids different ones, the
     last block cut to input_length: two prompts share exactly their common ids' tokens."""
-    tokenizer = SimTokenizer()
-    template = ChatTemplate(tokenizer)
+    tokenizer = SimTokenizer.load()
+    header = tokenizer.encode("<s><|user|>\n", add_special_tokens=False)
     path = _write(tmp_path / "t.jsonl", CONVERSATION)
     script = trace_script(TraceSpec(str(path)), seed=7, vocabulary=VOCABULARY)
     prompts = []
     for conversation in script.conversations:
         (turn,) = conversation.turns
-        content = tokenizer.encode(turn.request_messages()[0]["content"])
+        content = tokenizer.encode(turn.request_messages()[0]["content"], add_special_tokens=False)
         assert len(content) == turn.prompt_tokens()  # every word one token
         prompts.append(content)
-        rendered = template.render(turn.request_messages())
-        assert rendered[2 : 2 + len(content)] == content  # the template only wraps it
+        rendered = tokenizer.encode_chat({"messages": turn.request_messages()}, completions=True)
+        assert rendered[: len(header) + len(content)] == header + content  # only wrapped
 
     def shared(a: list[int], b: list[int]) -> int:
         return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
@@ -300,9 +299,10 @@ def test_a_scaled_trace_keeps_its_structure_in_shorter_blocks(tmp_path: Path) ->
     assert [r.input_length for r in requests] == [70, 33, 96, 129, 64]
     assert [r.output_length for r in requests] == [1, 1, 1, 1, 56]
     assert all(r.block_tokens == 32 for r in requests)
-    tokenizer = SimTokenizer()
+    tokenizer = SimTokenizer.load()
     script = trace_script(spec, seed=0, vocabulary=VOCABULARY)
-    prompts = [tokenizer.encode(c.turns[0].request_messages()[0]["content"])
+    prompts = [tokenizer.encode(c.turns[0].request_messages()[0]["content"],
+                                add_special_tokens=False)
                for c in script.conversations]  # fmt: skip
     assert [len(p) for p in prompts] == [70, 33, 96, 129, 64]
     assert prompts[2][:64] == prompts[0][:64] and prompts[2][64] != prompts[0][64]
@@ -310,11 +310,14 @@ def test_a_scaled_trace_keeps_its_structure_in_shorter_blocks(tmp_path: Path) ->
     assert TraceSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
-def test_engines_are_a_count_of_simulated_ones_or_of_real_vllm_ones() -> None:
+def test_engines_are_a_count_of_simulated_vllm_or_sglang_ones_or_of_real_vllm_ones() -> None:
     assert EngineChoice.parse("8") == EngineChoice(8, "sim")
+    assert EngineChoice.parse("8").flavor == "vllm"
     real = EngineChoice.parse("vllm:2")
     assert real == EngineChoice(2, "vllm") and real.real
-    for bad in ("0", "vllm:0", "sglang:2", "two", "vllm:"):
+    sglang = EngineChoice.parse("sglang:4")
+    assert sglang == EngineChoice(4, "sglang") and not sglang.real and sglang.flavor == "sglang"
+    for bad in ("0", "vllm:0", "sglang:0", "trtllm:2", "two", "vllm:"):
         with pytest.raises(argparse.ArgumentTypeError):
             EngineChoice.parse(bad)
 

@@ -15,7 +15,19 @@ import pytest
 from bench.harness.processes import ChildProcess
 from bench.harness.vllm_fleet import VllmOptions, VllmProcess, environment, socket_dir
 from bench.harness.vllm_latency import LatencyProfile, fit_decode, fit_prefill
-from bench.harness.vllm_model import BENCH_SHAPE, LlamaShape, VllmNotInstalled, vllm_python
+from bench.harness.vllm_model import (
+    BENCH_SHAPE,
+    SIMULATOR_TOKENIZER,
+    LlamaShape,
+    ModelBuildError,
+    VllmNotInstalled,
+    build_bench_model,
+    main,
+    vllm_python,
+)
+from bench.workloads.chat import WORDS
+from simulator.tokenizer import SimTokenizer
+from tokenization import ModelTokenizer
 
 
 def test_fit_prefill_recovers_a_quadratic() -> None:
@@ -92,6 +104,39 @@ def test_shape_rejects_a_head_size_cpu_attention_lacks() -> None:
         LlamaShape(256, 512, 2, 16, 3000, 2048)
     assert BENCH_SHAPE.head_dim == 64
     assert BENCH_SHAPE.kv_bytes_per_token == 2 * 8 * 8 * 64 * 4
+
+
+def test_the_bench_model_has_the_simulators_tokenizer(tmp_path: Path) -> None:
+    """Real and simulated engines of the routing benchmark tokenize and render alike."""
+    model = build_bench_model(tmp_path / "model")
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (model / name).read_bytes() == (SIMULATOR_TOKENIZER / name).read_bytes()
+    tokenizer = ModelTokenizer.load(model)
+    config = json.loads((model / "config.json").read_text())
+    assert config["vocab_size"] == tokenizer.vocab_size == BENCH_SHAPE.vocab_size
+    assert config["bos_token_id"] == tokenizer.token_id("<s>")
+    assert config["eos_token_id"] == tokenizer.token_id("</s>")
+    assert tokenizer.max_model_len == BENCH_SHAPE.max_model_len
+    request = {"messages": [{"role": "system", "content": "be brief"},
+                            {"role": "user", "content": " ".join(WORDS[:50])}]}  # fmt: skip
+    assert tokenizer.encode_chat(request) == SimTokenizer.load().encode_chat(
+        request, completions=True
+    )
+    with pytest.raises(ModelBuildError, match="8192 tokens"):
+        build_bench_model(tmp_path / "small", LlamaShape(512, 1536, 8, 8, 4096, 8192))
+
+
+def test_the_simulators_tokenizer_is_regenerated_by_the_trainer(tmp_path: Path) -> None:
+    """`python -m bench.harness.vllm_model --simulator-tokenizer DIR` writes the shipped
+    files (the vocabulary depends on the Python whose standard library it reads)."""
+    main(["--simulator-tokenizer", str(tmp_path)])
+    for name in ("tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / name).read_bytes() == (SIMULATOR_TOKENIZER / name).read_bytes()
+    tokenizer = SimTokenizer.load(tmp_path)
+    assert tokenizer.vocab_size == BENCH_SHAPE.vocab_size
+    assert all(len(tokenizer.encode(f" {w}", add_special_tokens=False)) == 1 for w in WORDS)
+    with pytest.raises(SystemExit):
+        main([])
 
 
 def test_missing_vllm_venv_says_how_to_build_it(tmp_path: Path) -> None:

@@ -73,6 +73,7 @@ class RealVllm:
     replay: str
     log_path: Path
     recorder: RawEventRecorder
+    model_dir: Path
     model: str = MODEL_NAME
     topic: str = TOPIC
     timings: dict[str, float] = field(default_factory=dict)
@@ -215,6 +216,7 @@ def vllm(
             replay=replay,
             log_path=log_path,
             recorder=recorder,
+            model_dir=model_dir,
             timings={"start_s": start_s},
         )
         yield engine

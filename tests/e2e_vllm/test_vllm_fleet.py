@@ -25,7 +25,7 @@ import zmq.asyncio
 from bench.harness.fleet import EngineEndpoint
 from bench.harness.vllm_fleet import VllmFleet, single_token_words, start_vllm_fleet
 from bench.harness.vllm_latency import ProfileSettings, cold_prompt, profile_engine
-from bench.harness.vllm_model import BENCH_SHAPE, build_model
+from bench.harness.vllm_model import build_bench_model
 from bench.workloads.chat import WORDS
 from tests.e2e_vllm.recorder import RawEventRecorder
 from tests.helpers import eventually
@@ -47,7 +47,7 @@ async def fleet(
         pytest.skip(f"needs {ENGINES} cores to pin {ENGINES} engines apart")
     run_dir = tmp_path_factory.mktemp("fleet")
     python = Path(sys.executable)  # the vLLM venv's, as for the other e2e tests
-    model_dir = await build_model(run_dir / "model", BENCH_SHAPE, python=python)
+    model_dir = build_bench_model(run_dir / "model")
     started = await start_vllm_fleet(ENGINES, run_dir, num_blocks=NUM_BLOCKS,
                                      max_model_len=MAX_MODEL_LEN, model_dir=model_dir,
                                      python=python)  # fmt: skip

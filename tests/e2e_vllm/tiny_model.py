@@ -1,10 +1,12 @@
 """The e2e tests' tiny Llama: hidden 256, 2 layers, 4 heads of 64 (vLLM's CPU attention
 rejects head size 16), vocab 3000, built by `bench.harness.vllm_model` (config + a BPE
-tokenizer with a chat template, no weights: vLLM serves it with ``--load-format dummy``).
+tokenizer, no weights: vLLM serves it with ``--load-format dummy``). Its chat template is
+the simulated engine's (`simulator/tokenizer/chat_template.jinja`), so both render a
+conversation into the same text.
 
 The tokenizer is trained on sentences of the words below and on the standard library's
-sources, so every build on one Python gives the same vocabulary. Only vLLM's venv has
-`tokenizers`; it is imported when a model is built.
+sources, so every build on one Python gives the same vocabulary; `tokenizers` is imported
+when a model is built.
 """
 
 from __future__ import annotations

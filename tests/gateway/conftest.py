@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+import simulator.tokenizer
 from gateway.app import create_app
 from gateway.server import GatewayServer
 from gateway.settings import Settings
@@ -20,6 +21,8 @@ from tests.conftest import StartEngine
 
 ADMIN_TOKEN = "test-admin-token"
 MODEL = "sim-model"
+SIM_TOKENIZER = Path(simulator.tokenizer.__file__).parent
+"""The simulated model's tokenizer files (what a gateway loads to tokenize in-process)."""
 
 
 def pod_entry(server: EngineServer, *, events: bool = True, **extra: Any) -> dict[str, Any]:
@@ -79,7 +82,13 @@ async def start_gateway(start_engine: StartEngine, tmp_path: Path) -> AsyncItera
             await start_engine(name=f"e{i}", **(engine_overrides or {})) for i in range(engines)
         ]
         if (engine_overrides or {}).get("flavor") == "sglang":
-            settings_overrides.setdefault("tokenizer_endpoint", await _chat_tokenizer())
+            # SGLang's /tokenize takes no chat messages: as deployed, the gateway tokenizes
+            # chats in-process with the model's files, or (`tokenizer="remote"`) asks a
+            # vLLM tokenizer of the same model (AIBRIX_REMOTE_TOKENIZER_ENDPOINT).
+            if settings_overrides.get("tokenizer") == "remote":
+                settings_overrides.setdefault("tokenizer_endpoint", await _chat_tokenizer())
+            else:
+                settings_overrides.setdefault("tokenizers", {MODEL: SIM_TOKENIZER})
         pods_file = tmp_path / "pods.json"
         entries = pods if pods is not None else [pod_entry(server) for server in servers]
         pods_file.write_text(json.dumps({"pods": entries}))
@@ -94,9 +103,8 @@ async def start_gateway(start_engine: StartEngine, tmp_path: Path) -> AsyncItera
         return Gateway(server, app, pods_file, servers)
 
     async def _chat_tokenizer() -> str:
-        """SGLang's /tokenize takes no chat messages: as deployed, a vLLM tokenizer of the
-        same model (here a vLLM-flavoured simulator, same tokenizer and template) tokenizes
-        chat prompts (AIBRIX_REMOTE_TOKENIZER_ENDPOINT)."""
+        """A vLLM tokenizer of the model (here a vLLM-flavoured simulator, same tokenizer
+        and template)."""
         return (await start_engine(name="tokenizer")).url
 
     yield start

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +39,17 @@ def test_flags_build_the_config() -> None:
     )
     assert config.latency.prefill_us_per_token == 50 and config.latency.time_scale == 10
     assert (config.events_mode, config.replay_buffer, config.topic) == ("connect", 99, "")
+
+
+def test_the_tokenizer_flag_names_a_directory_that_must_hold_one(tmp_path: Path) -> None:
+    assert config_from_args(parse()).tokenizer is None  # the shipped one
+    assert config_from_args(parse("--tokenizer", str(tmp_path))).tokenizer == tmp_path
+    done = subprocess.run(
+        [sys.executable, "-m", "simulator", "--tokenizer", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("kvgate sim: ") and "no tokenizer.json" in done.stderr
 
 
 def test_fleet_members_get_their_own_ports_and_dirs() -> None:

@@ -11,10 +11,12 @@ from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
 from simulator import LatencyModel
+from simulator.tokenizer import SimTokenizer
 from tests.conftest import StartEngine
 from tests.helpers import eventually
 
 SYSTEM = "You are a helpful assistant for the golden capture. " * 8
+BOS = SimTokenizer.load().model.token_id("<s>")
 
 
 @pytest.fixture
@@ -95,7 +97,7 @@ async def test_tokenize_matches_generation_and_vllm_shapes(engine_url: str) -> N
         bare = await client.post(
             "/tokenize", json={"prompt": "def hello(): return 42", "add_special_tokens": False}
         )
-        assert plain["tokens"][0] == 1 and plain["tokens"][1:] == bare.json()["tokens"]
+        assert plain["tokens"][0] == BOS and plain["tokens"][1:] == bare.json()["tokens"]
         strs = await client.post(
             "/tokenize", json={"prompt": "def hello", "return_token_strs": True}
         )
@@ -112,6 +114,41 @@ async def test_tokenize_matches_generation_and_vllm_shapes(engine_url: str) -> N
             "param": "model",
             "code": 404,
         }
+
+
+async def test_chats_the_template_refuses_get_vllms_400(engine_url: str) -> None:
+    wizard = [{"role": "wizard", "content": "x"}]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    refused = [
+        ("/v1/chat/completions", {"messages": wizard, "max_tokens": 1}, "unknown message role"),
+        ("/tokenize", {"messages": wizard}, "unknown message role: wizard"),
+        ("/v1/chat/completions", {"messages": [], "max_tokens": 1}, "messages"),
+        ("/tokenize", {"messages": [{"role": "user", "content": [image]}]}, "image_url"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                  "add_generation_prompt": "yes"}, "add_generation_prompt"),
+    ]  # fmt: skip
+    async with httpx.AsyncClient(base_url=engine_url, timeout=10) as client:
+        for path, body, says in refused:
+            response = await client.post(path, json=body)
+            assert response.status_code == 400, (path, body)
+            error = response.json()["error"]
+            assert error["type"] == "BadRequestError" and error["code"] == 400
+            assert says in error["message"], (says, error)
+        stats = (await client.get("/sim/stats")).json()
+    assert stats["scheduler"]["prompt_tokens"] == 0  # nothing refused reached the engine
+
+
+async def test_sglang_tokenizes_a_prompt_only(start_engine: StartEngine) -> None:
+    """SGLang's /tokenize takes no `messages` (no chat template): without a prompt it is
+    refused, with one the messages are ignored."""
+    server = await start_engine(flavor="sglang")
+    messages = [{"role": "user", "content": "hi"}]
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        refused = await client.post("/tokenize", json={"messages": messages})
+        assert refused.status_code == 400 and "prompt" in refused.json()["error"]["message"]
+        both = await client.post("/tokenize", json={"prompt": "hi", "messages": messages})
+        alone = await client.post("/tokenize", json={"prompt": "hi"})
+    assert both.json()["tokens"] == alone.json()["tokens"] == server.engine.tokenizer.encode("hi")
 
 
 async def test_health_models_metrics(engine_url: str) -> None:
@@ -194,6 +231,31 @@ async def test_too_long_prompt_is_rejected(start_engine: StartEngine) -> None:
             "/v1/completions", json={"prompt": "a " * 100, "max_tokens": 1}
         )
     assert response.status_code == 400 and "maximum context length" in response.text
+
+
+async def test_a_prompt_longer_than_any_tokenization_of_the_context_is_refused_by_length(
+    start_engine: StartEngine,
+) -> None:
+    """As vLLM: more characters than `max_model_len` × the longest token's are refused
+    before tokenizing (a 400 naming the bound); `/tokenize` checks no length."""
+    server = await start_engine(max_model_len=64)
+    bound = 64 * server.engine.tokenizer.max_chars_per_token
+    long = "a" * (bound + 1)
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        text = await client.post("/v1/completions", json={"prompt": long, "max_tokens": 1})
+        chat = await client.post(
+            "/v1/chat/completions", json={"messages": [{"role": "user", "content": long}]}
+        )
+        tokenized = await client.post("/tokenize", json={"prompt": long})
+        truncated = await client.post(
+            "/v1/completions",
+            json={"prompt": long, "max_tokens": 1, "truncate_prompt_tokens": 8},
+        )
+    for refused in (text, chat):
+        assert refused.status_code == 400
+        assert f"more than {bound} characters" in refused.json()["error"]["message"]
+    assert tokenized.status_code == 200
+    assert "characters" not in truncated.text  # exempt from the character bound
 
 
 async def test_stall_and_drop_fraction_faults(start_engine: StartEngine) -> None:

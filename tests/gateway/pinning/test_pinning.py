@@ -4,6 +4,7 @@ with small caches, floods of other traffic sent straight to the engine."""
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
@@ -91,6 +92,15 @@ async def metric(gw: Gateway, name: str) -> float:
     )
 
 
+async def matched_share(gw: Gateway, pod: str = "e0") -> float:
+    """Of the conversation's prompt blocks, the share the index says `pod` holds."""
+    async with gw.admin() as client:
+        body = {"model": MODEL, "messages": CONVERSATION}
+        answer = (await client.post("/admin/match", json=body)).json()
+    held: int = answer["pods"][pod]["matched_blocks"]
+    return held / answer["prompt_blocks"]
+
+
 async def warm(gw: Gateway) -> None:
     """Serve the conversation once and wait until the index holds its blocks."""
     await chat(gw, CONVERSATION)
@@ -114,6 +124,9 @@ async def test_pin_survives_flood_and_follow_up_is_cached(start_gateway: StartGa
     assert await engine_pins(engine) == len(hashes)
     await flood(engine)
     assert set(hashes) <= await resident(engine)
+    # an SGLang-only fleet: the chat was tokenized in-process, and stays matched
+    assert gw.state.settings.tokenizer_endpoint is None
+    await eventually(lambda: _at_least(matched_share(gw), 0.9), what="pinned blocks matched")
     follow_up = await chat(gw, [*CONVERSATION, {"role": "assistant", "content": "ok"}])
     assert int(follow_up.headers["x-kvgate-cached-blocks"]) >= len(hashes)
     cached = follow_up.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -136,6 +149,7 @@ async def test_unpinned_prefix_is_evicted_by_the_flood(start_gateway: StartGatew
     assert await engine_pins(engine) == 0
     await flood(engine)
     assert not set(hashes) & await resident(engine)
+    await eventually(lambda: _below(matched_share(gw), 0.9), what="evicted blocks unmatched")
     assert (await admin(gw, "POST", "/admin/unpin", {"id": lease["id"]})).status_code == 404
 
 
@@ -152,6 +166,7 @@ async def test_double_pin_needs_double_unpin(start_gateway: StartGateway) -> Non
     await admin(gw, "POST", "/admin/unpin", {"id": second["id"]})
     await flood(engine)
     assert not set(hashes) & await resident(engine)
+    await eventually(lambda: _below(matched_share(gw), 0.9), what="evicted blocks unmatched")
 
 
 async def test_lease_expires(start_gateway: StartGateway) -> None:
@@ -306,3 +321,11 @@ async def test_pod_without_kv_events_is_refused(start_gateway: StartGateway) -> 
                      what="the pod reloaded without events")  # fmt: skip
     answer = await admin(gw, "POST", "/admin/pin", {"model": MODEL, "messages": CONVERSATION})
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "no_kv_events"
+
+
+async def _at_least(share: Awaitable[float], bound: float) -> bool:
+    return await share >= bound
+
+
+async def _below(share: Awaitable[float], bound: float) -> bool:
+    return await share < bound
