@@ -193,10 +193,15 @@ class _TimedRouter(Router):
     tokenize_s = 0.0
 
     async def _tokenize(
-        self, kind: Kind, body: Mapping[str, Any], routable: Sequence[PodState]
+        self,
+        kind: Kind,
+        body: Mapping[str, Any],
+        routable: Sequence[PodState],
+        *,
+        for_prefix: bool = True,
     ) -> list[int] | None:
         started = _cpu_clock()
-        tokens = await super()._tokenize(kind, body, routable)
+        tokens = await super()._tokenize(kind, body, routable, for_prefix=for_prefix)
         self.tokenize_s = _cpu_clock() - started
         return tokens
 

@@ -65,10 +65,6 @@ class LocalTokenizers:
         """Loads in progress, awaited by every request for the model meanwhile."""
         self.cache = LruCache(cache_size)
 
-    def loaded(self, model: str) -> ModelTokenizer | None:
-        """The model's tokenizer if it is already loaded (never loads)."""
-        return self._loaded.get(model)
-
     async def tokenizer(self, model: str) -> ModelTokenizer | None:
         """The model's tokenizer, loading it the first time; None when it has no files."""
         if model in self._loaded:

@@ -195,6 +195,7 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.degraded_routing.labels("tokenizer")
         self.inflight = Children(
             Gauge(
                 "kvgate_inflight_requests",

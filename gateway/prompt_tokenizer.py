@@ -54,7 +54,6 @@ class PromptTokenizer:
     ) -> None:
         if mode not in MODES:
             raise ValueError(mode)
-        self._mode = mode
         self._local = local if mode != "remote" else None
         self._remote = remote if mode != "local" else None
         self._context_length = context_length
@@ -72,10 +71,16 @@ class PromptTokenizer:
             await asyncio.sleep(interval_s)
 
     async def tokenize(
-        self, model: str, what: TokenizeInput, pods: Sequence[tuple[str, str]]
+        self,
+        model: str,
+        what: TokenizeInput,
+        pods: Sequence[tuple[str, str]],
+        *,
+        remote: bool = True,
     ) -> Tokenized:
         """`what`'s token ids. `BadRequest` when the prompt cannot fit the model;
-        `TokenizerError` when it could not be tokenized (the caller routes on load)."""
+        `TokenizerError` when it could not be tokenized (the caller routes on load).
+        `remote` false: in-process only (a count that is not worth an engine's call)."""
         context = self._context_length(model)
         if self._local is not None:
             local = await self._local.tokenizer(model)
@@ -85,11 +90,11 @@ class PromptTokenizer:
                 try:
                     tokens = await self._local.tokenize(local, what)
                 except NotLocal as exc:
-                    if self._remote is None:
+                    if self._remote is None or not remote:
                         raise TokenizerError(str(exc), retryable=False, where="local") from None
                 else:
                     return Tokenized(tokens, "local", self._local.cache.hits > before)
-        if self._remote is None:
+        if self._remote is None or not remote:
             raise TokenizerError(
                 f"no tokenizer files for model {model}", retryable=False, where="local"
             )

@@ -176,7 +176,7 @@ class Router:
         hashes: list[int] = []
         tokens: list[int] | None = None
         if prefix or await self._tokenizes_locally(model):
-            tokens = await self._tokenize(kind, body, routable)
+            tokens = await self._tokenize(kind, body, routable, for_prefix=prefix)
             if tokens is not None:
                 self._check_prompt_length(kind, len(tokens))
                 if prefix:
@@ -361,8 +361,15 @@ class Router:
         )
 
     async def _tokenize(
-        self, kind: Kind, body: Mapping[str, Any], routable: Sequence[PodState]
+        self,
+        kind: Kind,
+        body: Mapping[str, Any],
+        routable: Sequence[PodState],
+        *,
+        for_prefix: bool = True,
     ) -> list[int] | None:
+        """The prompt's token ids, or None. Not `for_prefix` (a load-only policy, counting
+        the prompt): in-process only, and a failure does not degrade its routing."""
         started = self._clock()
         try:
             what = (
@@ -375,13 +382,14 @@ class Router:
             if self._tokenizer is None:
                 return None
             pods = [(s.pod.url, s.pod.engine) for s in routable]
-            tokenized = await self._tokenizer.tokenize(body["model"], what, pods)
+            tokenized = await self._tokenizer.tokenize(body["model"], what, pods, remote=for_prefix)
             result = "hit" if tokenized.hit else "miss"
             self._metrics.tokenizer.labels(result, tokenized.where).inc()
             return tokenized.tokens
         except TokenizerError as exc:
             self._metrics.tokenizer.labels("failure", exc.where).inc()
-            self._metrics.degraded_routing.labels("tokenizer").inc()
+            if for_prefix:
+                self._metrics.degraded_routing.labels("tokenizer").inc()
             return None
         finally:
             self._stages["tokenize"].observe(self._clock() - started)

@@ -26,6 +26,7 @@ from tokenization.chat_template import ChatTemplate, environment
 from tokenization.conversation import conversation, developer_as_system, tool_definitions
 from tokenization.errors import ChatRenderError, NotRenderable, TokenizerLoadError
 from tokenization.files import TokenizerFiles
+from tokenization.segments import SegmentEncoder
 
 SPECIAL_TOKEN_NAMES = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -52,6 +53,7 @@ class ModelTokenizer:
             raise TokenizerLoadError(f"{files.tokenizer_json}: {exc}") from None
         self.special_tokens = _special_tokens(files.config)
         self._add_missing_special_tokens()
+        self._segments = SegmentEncoder(self._tokenizer)
         env = environment()
         self._templates = {
             name: ChatTemplate(source, env) for name, source in files.chat_templates.items()
@@ -105,7 +107,10 @@ class ModelTokenizer:
         add_special = request.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             raise ChatRenderError("add_special_tokens must be a boolean")
-        return self.encode(text, add_special_tokens=add_special)
+        if add_special:
+            return self.encode(text, add_special_tokens=True)
+        # A chat repeats its system prompt and earlier turns: encoded by cached pieces.
+        return self._segments.encode(text)
 
     def render_chat(self, request: Mapping[str, Any], *, completions: bool = True) -> str:
         """The prompt text the chat template makes of a chat request."""

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from gateway.local_tokenizer import LocalTokenizers
+from gateway.routing.prompt_size import PRIOR_BYTES_PER_TOKEN
 from gateway.tokenizer import TokenizeInput
 from simulator import EngineServer
 from tests.conftest import StartEngine
@@ -165,3 +166,32 @@ async def test_a_chat_the_template_refuses_is_left_to_the_engine(
     assert answer.status_code == 400  # the engine's answer, relayed
     assert "wizard" in answer.json()["error"]["message"]
     assert metric(page, "kvgate_tokenizer_requests_total", result="failure", tokenizer="local") == 1
+
+
+async def test_a_load_only_policy_counts_prompts_in_process_and_never_asks_an_engine(
+    start_gateway: StartGateway,
+) -> None:
+    gw = await start_gateway(
+        engines=1, default_policy="round-robin", tokenizers={MODEL: SIM_TOKENIZER}
+    )
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    async with gw.client() as client:
+        counted = await client.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 1}
+        )
+        media = await client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "max_tokens": 1,
+                  "messages": [{"role": "user", "content": [image]}]},
+        )  # fmt: skip
+        page = (await client.get("/metrics")).text
+    assert counted.status_code == 200
+    assert media.status_code == 400  # the engine's answer: a text-only model
+    assert counted.headers["x-kvgate-prompt-blocks"] == "0"  # no prefix read: no hashes
+    assert metric(page, TOKENIZATIONS, result="miss", tokenizer="local") == 1
+    assert metric(page, TOKENIZATIONS, result="failure", tokenizer="local") == 1
+    for result in ("hit", "miss", "failure"):  # a count is not worth an engine's call
+        assert metric(page, TOKENIZATIONS, result=result, tokenizer="remote") == 0
+    assert metric(page, "kvgate_degraded_routing_total", reason="tokenizer") == 0
+    exact = gw.state.router.prompt_sizes.bytes_per_token(MODEL, "addr:127.0.0.1")
+    assert exact != PRIOR_BYTES_PER_TOKEN  # learned from the exact count

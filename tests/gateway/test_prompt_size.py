@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
+import xxhash
 
 from gateway.routing.prompt_size import (
     MAX_BYTES_PER_TOKEN,
@@ -115,3 +117,38 @@ async def test_untokenized_prompts_are_costed_by_what_the_engines_counted(
         view = (await admin.post("/admin/match", json=stream_body("explain " * 40))).json()
     assert view["prompt_tokenized"] is True and view["prompt_tokens"] > 40
     assert view["body_bytes_per_token"] == pytest.approx(sizes.bytes_per_token(MODEL))
+
+
+async def test_a_client_padding_its_bodies_does_not_change_another_s_cost(
+    start_gateway: StartGateway,
+) -> None:
+    """round-robin on a remotely tokenized model: prompts are costed from their bodies.
+    A client that pads its bodies with whitespace (many bytes per token) teaches only its
+    own estimate: another client's chat is predicted as before."""
+    gw = await start_gateway(engines=1, default_policy="round-robin")
+    text = "the cache of the prefix " * 300
+    chat = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
+    victim = json.dumps(chat).encode()
+    padded = json.dumps({**chat, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    padded = padded[:-1] + b" " * 60_000 + b"}"
+    headers = {"content-type": "application/json"}
+    sizes = gw.state.router.prompt_sizes
+
+    async def victim_prediction(client: httpx.AsyncClient) -> float:
+        answer = await client.post("/v1/chat/completions", content=victim, headers=headers)
+        assert answer.status_code == 200
+        return float(answer.headers["x-kvgate-predicted-ttft-ms"])
+
+    async with gw.client() as client:
+        await victim_prediction(client)  # the victim's own count, from the engine's usage
+        before = await victim_prediction(client)
+        learned = sizes.bytes_per_token(MODEL, "addr:127.0.0.1")
+        async with gw.client(headers={"authorization": "Bearer attacker"}) as attacker:
+            for _ in range(40):
+                sent = await attacker.post("/v1/chat/completions", content=padded, headers=headers)
+                assert sent.status_code == 200
+        assert sizes.bytes_per_token(MODEL, "addr:127.0.0.1") == learned
+        after = await victim_prediction(client)
+    assert after == pytest.approx(before, rel=0.05)
+    attacker_key = f"key:{xxhash.xxh64_hexdigest(b'Bearer attacker')}"
+    assert sizes.bytes_per_token(MODEL, attacker_key) > 2 * learned  # its own, skewed
