@@ -112,7 +112,7 @@ def prompt_tokens(
         add_special = body.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             raise RequestError("add_special_tokens must be a boolean")
-        return engine.tokenizer.encode(text, add_special_tokens=add_special)
+        return engine.tokenizer.encode_rendered(text, add_special_tokens=add_special)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]

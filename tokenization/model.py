@@ -107,7 +107,11 @@ class ModelTokenizer:
         add_special = request.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             raise ChatRenderError("add_special_tokens must be a boolean")
-        if add_special:
+        return self.encode_rendered(text, add_special_tokens=add_special)
+
+    def encode_rendered(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of a rendered chat (`render_chat`'s text), as vLLM encodes it."""
+        if add_special_tokens:
             return self.encode(text, add_special_tokens=True)
         # A chat repeats its system prompt and earlier turns: encoded by cached pieces.
         return self._segments.encode(text)

@@ -63,6 +63,10 @@ class SimTokenizer:
         """The prompt text a chat request renders to (errors as `encode_chat`)."""
         return self.model.render_chat(request, completions=completions)
 
+    def encode_rendered(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        """Token ids of `render_chat`'s text."""
+        return self.model.encode_rendered(text, add_special_tokens=add_special_tokens)
+
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         """Text of `token_ids`; ids outside the vocabulary decode to nothing."""
         valid = [token for token in token_ids if self.is_valid(token)]
