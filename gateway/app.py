@@ -197,7 +197,7 @@ async def _start(
                           interval_s=max(settings.scrape_interval_s, 10.0))  # fmt: skip
     tokenizer = (
         _prompt_tokenizer(settings, stack, tokenizer_pool, models)
-        if (settings.use_remote_tokenizer)
+        if settings.use_remote_tokenizer
         else None
     )
     pin_lookup = PinLookup()

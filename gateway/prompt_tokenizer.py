@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from gateway.errors import BadRequest
 from gateway.local_tokenizer import LocalTokenizers, NotLocal
 from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
-from tokenization import ModelTokenizer
+from tokenization import ModelTokenizer, too_long
 
 MODES = ("auto", "local", "remote")
 REMOTE_CHARS_PER_TOKEN = 8
@@ -111,12 +111,6 @@ class PromptTokenizer:
     def _check_length(what: TokenizeInput, context: int | None, chars_per_token: int) -> None:
         if context is None or what.truncated:
             return
-        bound = context * chars_per_token
-        if what.characters > bound:
-            raise BadRequest(
-                f"This model's maximum context length is {context} tokens. However, your "
-                f"prompt contains {what.characters} characters (more than {bound} characters, "
-                f"which is the upper bound for {context} input tokens). Please reduce the "
-                "length of the input prompt.",
-                param="messages" if what.chat else "prompt",
-            )
+        refused = too_long(what.characters, context, chars_per_token)
+        if refused is not None:
+            raise BadRequest(refused, param="messages" if what.chat else "prompt")

@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from simulator.engine import SimEngine
 from simulator.scheduler import SimRequest
-from tokenization import ChatRenderError, NotRenderable
+from tokenization import ChatRenderError, NotRenderable, too_long
 
 logger = logging.getLogger(__name__)
 
@@ -135,16 +135,9 @@ def _check_characters(engine: SimEngine, body: dict[str, Any], text: str) -> Non
     """vLLM's check before tokenizing: no token covers more characters than the longest."""
     if body.get("truncate_prompt_tokens") is not None:
         return
-    limit = engine.config.max_model_len
-    bound = limit * engine.tokenizer.max_chars_per_token
-    if len(text) > bound:
-        raise RequestError(
-            f"This model's maximum context length is {limit} tokens. However, your prompt "
-            f"contains {len(text)} characters (more than {bound} characters, which is the "
-            f"upper bound for {limit} input tokens). Please reduce the length of the input "
-            "prompt.",
-            param="input_text",
-        )
+    refused = too_long(len(text), engine.config.max_model_len, engine.tokenizer.max_chars_per_token)
+    if refused is not None:
+        raise RequestError(refused, param="input_text")
 
 
 def _max_tokens(engine: SimEngine, body: dict[str, Any], prompt_len: int) -> int:

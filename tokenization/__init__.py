@@ -12,7 +12,7 @@ from tokenization.errors import (
     TokenizerLoadError,
 )
 from tokenization.files import TokenizerFiles, find_in_hub_cache
-from tokenization.model import ModelTokenizer
+from tokenization.model import ModelTokenizer, too_long
 
 __all__ = [
     "ChatRenderError",
@@ -22,4 +22,5 @@ __all__ = [
     "TokenizerFiles",
     "TokenizerLoadError",
     "find_in_hub_cache",
+    "too_long",
 ]

@@ -42,6 +42,21 @@ rendering or tokenization in ways only the engine reproduces."""
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
+def too_long(characters: int, max_model_len: int, chars_per_token: int) -> str | None:
+    """vLLM's check before tokenizing a prompt to serve: no token covers more characters
+    than the vocabulary's longest, so a prompt of more than `max_model_len` × that many
+    characters cannot fit. Its 400 message, or None when the prompt may fit."""
+    bound = max_model_len * chars_per_token
+    if characters <= bound:
+        return None
+    return (
+        f"This model's maximum context length is {max_model_len} tokens. However, your "
+        f"prompt contains {characters} characters (more than {bound} characters, which is "
+        f"the upper bound for {max_model_len} input tokens). Please reduce the length of the "
+        "input prompt."
+    )
+
+
 class ModelTokenizer:
     """One model's tokenizer and chat templates (immutable once loaded; thread-safe)."""
 
