@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin, api, passthrough
 from gateway.discovery import Discovery, DiscoveryEvents, build_discovery, run_resynced
-from gateway.errors import GatewayError, NotFound, refusal
+from gateway.errors import GatewayError, NotFound, clip, refusal
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
 from gateway.local_tokenizer import LocalTokenizers
@@ -94,6 +94,9 @@ def create_app(
 
     routes = [*api.routes, *passthrough.routes, *admin.routes, *pinning_api.routes]
     app = Starlette(routes=routes, lifespan=lifespan)
+    # Starlette answers `/v1/embeddings/` with a 307 whose Location it builds from the
+    # client's Host header; a path the gateway does not serve is a 404 instead.
+    app.router.redirect_slashes = False
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     limited = ConcurrencyLimit(
@@ -386,5 +389,5 @@ class _CutConnections:
 
 async def _not_here(scope: Scope, receive: Receive, send: Send) -> None:
     """404 in OpenAI's shape: this path is served on the other port."""
-    error = NotFound(f"{scope.get('path')} is not served on this port")
+    error = NotFound(f"{clip(str(scope.get('path')))} is not served on this port")
     await error.response()(scope, receive, send)
