@@ -15,7 +15,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -106,7 +106,11 @@ def create_app(
         on_reject=metrics.rejected.labels("TooManyRequests").inc,
     )
     return _CutConnections(  # type: ignore[return-value]
-        limited, app, access_log=settings.access_log, admin_port=settings.admin_port
+        limited,
+        app,
+        access_log=settings.access_log,
+        admin_port=settings.admin_port,
+        on_invalid_header=lambda header: metrics.invalid_headers.labels(header).inc(),
     )
 
 
@@ -366,8 +370,9 @@ class _CutConnections:
         *,
         access_log: bool = True,
         admin_port: int | None = None,
+        on_invalid_header: Callable[[str], None] | None = None,
     ) -> None:
-        self.app = RequestIds(app, access_log=access_log)
+        self.app = RequestIds(app, access_log=access_log, on_invalid=on_invalid_header)
         self.state = starlette.state  # the gateway state, for embedding code and tests
         self.admin_port = admin_port
 
