@@ -270,6 +270,7 @@ async def _start(
         control_client,
         interval_s=settings.scrape_interval_s,
         unhealthy_after=settings.unhealthy_after,
+        failures=metrics.scrape_failures,
         on_scrape=lambda state, ok: (
             cost.note_scrape(state.name, state.scraped_at)
             if ok and state.scraped_at is not None
