@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api import read_json, requested_policy, validate
-from gateway.errors import BadRequest, NotFound, Unauthorized
+from gateway.errors import BadRequest, NotFound, Unauthorized, clip
 from gateway.logs import REQUEST_ID
 from gateway.persistence import capture_pod
 from gateway.registry import PodState
@@ -104,7 +104,7 @@ async def index(request: Request) -> Response:
     if not name:
         raise BadRequest("query parameter `pod` is required", param="pod")
     if gateway.registry.get(name) is None or not gateway.table.has_pod(name):
-        raise NotFound(f"no indexed pod named {name!r}", param="pod")
+        raise NotFound(f"no indexed pod named {clip(name)!r}", param="pod")
     status = gateway.registry.subscriber_status(name)
     tiers = gateway.table.dump_tiers(name)
     return JSONResponse(
@@ -226,7 +226,9 @@ async def snapshot(request: Request) -> Response:
     if gateway.registry.get(name) is not None and subscribers is not None:
         taken = capture_pod(gateway.table, subscribers, name)
     if taken is None:
-        raise NotFound(f"no snapshot of pod {name!r} now (unknown, or being rebuilt)", param="pod")
+        raise NotFound(
+            f"no snapshot of pod {clip(name)!r} now (unknown, or being rebuilt)", param="pod"
+        )
     data = await asyncio.to_thread(encode_snapshot, taken)
     headers = {"x-kvgate-snapshot-seq": str(taken.seq)}
     return Response(data, media_type="application/octet-stream", headers=headers)

@@ -15,7 +15,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin, api, passthrough
 from gateway.discovery import Discovery, DiscoveryEvents, build_discovery, run_resynced
-from gateway.errors import GatewayError, NotFound, refusal
+from gateway.errors import GatewayError, NotFound, clip, refusal
 from gateway.http1 import Http1Pool
 from gateway.limits import ConcurrencyLimit
 from gateway.local_tokenizer import LocalTokenizers
@@ -94,6 +94,9 @@ def create_app(
 
     routes = [*api.routes, *passthrough.routes, *admin.routes, *pinning_api.routes]
     app = Starlette(routes=routes, lifespan=lifespan)
+    # Starlette answers `/v1/embeddings/` with a 307 whose Location it builds from the
+    # client's Host header; a path the gateway does not serve is a 404 instead.
+    app.router.redirect_slashes = False
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     limited = ConcurrencyLimit(
@@ -103,7 +106,11 @@ def create_app(
         on_reject=metrics.rejected.labels("TooManyRequests").inc,
     )
     return _CutConnections(  # type: ignore[return-value]
-        limited, app, access_log=settings.access_log, admin_port=settings.admin_port
+        limited,
+        app,
+        access_log=settings.access_log,
+        admin_port=settings.admin_port,
+        on_invalid_header=lambda header: metrics.invalid_headers.labels(header).inc(),
     )
 
 
@@ -263,6 +270,7 @@ async def _start(
         control_client,
         interval_s=settings.scrape_interval_s,
         unhealthy_after=settings.unhealthy_after,
+        failures=metrics.scrape_failures,
         on_scrape=lambda state, ok: (
             cost.note_scrape(state.name, state.scraped_at)
             if ok and state.scraped_at is not None
@@ -363,8 +371,9 @@ class _CutConnections:
         *,
         access_log: bool = True,
         admin_port: int | None = None,
+        on_invalid_header: Callable[[str], None] | None = None,
     ) -> None:
-        self.app = RequestIds(app, access_log=access_log)
+        self.app = RequestIds(app, access_log=access_log, on_invalid=on_invalid_header)
         self.state = starlette.state  # the gateway state, for embedding code and tests
         self.admin_port = admin_port
 
@@ -386,5 +395,5 @@ class _CutConnections:
 
 async def _not_here(scope: Scope, receive: Receive, send: Send) -> None:
     """404 in OpenAI's shape: this path is served on the other port."""
-    error = NotFound(f"{scope.get('path')} is not served on this port")
+    error = NotFound(f"{clip(str(scope.get('path')))} is not served on this port")
     await error.response()(scope, receive, send)

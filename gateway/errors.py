@@ -40,12 +40,27 @@ if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
 
 
+ECHO_LIMIT = 256
+"""Characters of a client's value (a model or policy name, a header, a path) an error
+message or a log line repeats; a longer one is cut there and ends with an ellipsis."""
+_MESSAGE_LIMIT = 4 * ECHO_LIMIT
+
+
+def clip(value: str, limit: int = ECHO_LIMIT) -> str:
+    """`value` as an error or log line repeats it: at most `limit` characters and "…"."""
+    return value if len(value) <= limit else value[:limit] + "…"
+
+
 class GatewayError(Exception):
+    """A request's error. Its message is cut to a bounded length whatever it quotes (each
+    quoted client value should be `clip`ped where it is quoted, to keep the sentence)."""
+
     status = 500
     error_type = "internal_error"
     code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
+        message = clip(message, _MESSAGE_LIMIT)
         super().__init__(message)
         self.message = message
         self.param = param

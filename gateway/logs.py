@@ -4,12 +4,18 @@ Every line about a request carries its id and, once routed, its pod: both live i
 variables set per request (`gateway/request_id.py` and the proxy), which the formatters
 read when the line is written. JSON lines hold `time`, `level`, `logger`, `message`,
 `request_id`, `pod`, plus `exception` and an access line's fields when present.
+
+A text record is one line: its message and every value in it (a request's path, a pod's
+name) are written with control characters escaped (`\\n`, `\\r`, `\\x1b`, ...), so a client
+cannot write a line of its own. A traceback follows on further lines, each indented, so
+only a record's first line starts with a timestamp.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from contextvars import ContextVar
@@ -22,6 +28,31 @@ POD: ContextVar[str | None] = ContextVar("kvgate_pod", default=None)
 
 ACCESS_FIELDS = "access"
 """The `extra` key under which an access line carries its fields (a dict)."""
+
+
+# C0 controls but TAB, DEL, C1 controls, and the Unicode line and paragraph separators:
+# everything a terminal or a line splitter (`str.splitlines`) takes as a break or a command.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r"}
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str) -> str:
+    """`text` with its control characters written as escapes: always one line."""
+    return _CONTROL.sub(_escape_one, text) if _CONTROL.search(text) else text
+
+
+def _indented(text: str) -> str:
+    """A traceback's lines, each escaped and indented: none can pass for a record."""
+    return "\n".join("    " + escape_controls(line) for line in text.split("\n"))
 
 
 class _Utc:
@@ -62,11 +93,13 @@ class TextFormatter(logging.Formatter):
         if pod:
             tags.append(f"pod={pod}")
         where = f" [{' '.join(tags)}]" if tags else ""
-        line = f"{self._utc(record)} {record.levelname} {record.name}{where}: {record.getMessage()}"
+        line = escape_controls(
+            f"{self._utc(record)} {record.levelname} {record.name}{where}: {record.getMessage()}"
+        )
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "\n" + _indented(self.formatException(record.exc_info))
         if record.stack_info:
-            line += "\n" + self.formatStack(record.stack_info)
+            line += "\n" + _indented(self.formatStack(record.stack_info))
         return line
 
 

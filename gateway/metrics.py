@@ -123,6 +123,27 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.invalid_headers = Children(
+            Counter(
+                "kvgate_invalid_headers",
+                "Client headers the gateway replaced instead of passing on, by header: an "
+                "unacceptable x-request-id (a new id is made), an invalid or oversized "
+                "traceparent (a new trace is started, tracestate dropped)",
+                ["header"],
+                registry=registry,
+            )
+        )
+        for header in ("x-request-id", "traceparent"):
+            self.invalid_headers.labels(header)
+        self.scrape_failures = Children(
+            Counter(
+                "kvgate_scrape_failures",
+                "Failed scrapes of a pod's /metrics, by pod and reason: unreachable (connect, "
+                "broken answer), timeout, status (5xx), too_large (a page over the size bound)",
+                ["pod", "reason"],
+                registry=registry,
+            )
+        )
         self.decision_seconds = LabelledHistogram(
             "kvgate_decision_seconds",
             "Routing decision latency by stage (tokenize, match, decide, total)",

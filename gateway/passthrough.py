@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api import read_json, requested_policy, slo_tpot, slo_ttft
-from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod
+from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, clip
 from gateway.proxy import ClientWatch, ProxyRequest
 from gateway.registry import PodState
 from gateway.router import Routed
@@ -117,7 +117,7 @@ def _rank(
     """The pods serving `model`, ranked by `profile` with no prompt known (load alone)."""
     serving = gateway.registry.serving(model)
     if not serving:
-        raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        raise ModelNotFound(f"The model `{clip(model)}` does not exist.", param="model")
     routable, routable_names = gateway.registry.routable_serving(model)
     request = RoutingRequest(model, gateway.registry.context(model), 0, None, session,
                              prompt_tokens=body_bytes // _BODY_BYTES_PER_TOKEN,
@@ -125,7 +125,7 @@ def _rank(
                              routable_names=routable_names)  # fmt: skip
     decision = profile.decide(request, serving)
     if not decision.ranking:
-        raise NoRoutablePod(f"no routable pod for model `{model}` right now")
+        raise NoRoutablePod(f"no routable pod for model `{clip(model)}` right now")
     return decision.ranking
 
 
@@ -195,7 +195,7 @@ async def model(request: Request) -> Response:
     for card in cards:
         if card["id"] == name:
             return JSONResponse(card)
-    raise ModelNotFound(f"The model `{name}` does not exist.", param="model")
+    raise ModelNotFound(f"The model `{clip(name)}` does not exist.", param="model")
 
 
 routes = [

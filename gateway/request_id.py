@@ -5,6 +5,10 @@
   gateway makes one (uuid4 hex). The request's headers are rewritten to carry exactly that
   id, so the proxy sends it to the engine as `x-request-id` (vLLM names its request
   after it).
+- A client's W3C `traceparent` that is not valid (or is oversized, or sent twice) is
+  replaced by a fresh trace and its `tracestate` dropped (`gateway/trace_context.py`), so
+  the engine gets either the client's valid trace context or a new one. A replaced id or
+  trace context is counted in `kvgate_invalid_headers_total{header}`.
 - Every response carries it as `x-request-id` (an engine's own is replaced), errors
   included; `REQUEST_ID` holds it while the request is handled, for log lines.
 - With the access log on, one `kvgate.access` line per request when its answer ends:
@@ -24,7 +28,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.errors import clip
 from gateway.logs import ACCESS_FIELDS, POD, REQUEST_ID
+from gateway.trace_context import checked_trace_context
 
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(rb"[A-Za-z0-9._~:/+=@-]{1,128}")
@@ -42,16 +48,17 @@ def new_request_id() -> str:
     return "%032x" % (int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET)
 
 
-def request_id_of(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The client's id if it is acceptable (the first `x-request-id`), else None."""
+def _given_id(headers: list[tuple[bytes, bytes]]) -> str | bool:
+    """The client's id if acceptable; else whether it sent one (that is not)."""
     for name, value in headers:
         if name == REQUEST_ID_HEADER:
-            return value.decode("ascii") if _VALID_ID.fullmatch(value) else None
-    return None
+            return value.decode("ascii") if _VALID_ID.fullmatch(value) else True
+    return False
 
 
 class RequestIds:
-    """Wraps the app: gives every HTTP request an id and writes its access line."""
+    """Wraps the app: gives every HTTP request an id, checks its trace context and writes
+    its access line. `on_invalid(header)` is told of each client header replaced."""
 
     def __init__(
         self,
@@ -59,20 +66,33 @@ class RequestIds:
         *,
         access_log: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        on_invalid: Callable[[str], None] | None = None,
     ) -> None:
         self.app = app
         self.access_log = access_log
         self._clock = clock
+        self._on_invalid = on_invalid
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = list(scope["headers"])
-        request_id = request_id_of(headers) or new_request_id()
+        given = _given_id(headers)
+        if isinstance(given, str):
+            request_id = given
+        else:
+            request_id = new_request_id()
+            if given and self._on_invalid is not None:
+                self._on_invalid("x-request-id")
         encoded = request_id.encode("ascii")
         headers = [(n, v) for n, v in headers if n != REQUEST_ID_HEADER]
         headers.append((REQUEST_ID_HEADER, encoded))
+        traced = checked_trace_context(headers)
+        if traced is not None:
+            headers = traced
+            if self._on_invalid is not None:
+                self._on_invalid("traceparent")
         scope = {**scope, "headers": headers}
         id_token = REQUEST_ID.set(request_id)
         pod_token = POD.set(None)
@@ -106,6 +126,7 @@ class RequestIds:
     def _log(self, scope: Scope, answer: _Answer, started: float, outcome: str | None) -> None:
         path: str = scope.get("path", "")
         level = logging.DEBUG if path in _PROBES else logging.INFO
+        path = clip(path)
         if not access_logger.isEnabledFor(level):
             return
         duration_ms = (self._clock() - started) * 1e3

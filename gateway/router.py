@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable
+from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable, clip
 from gateway.logs import ACCESS_FIELDS
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_tokenizer import PromptTokenizer
@@ -112,7 +112,7 @@ class Router:
         profile = self.policies.get(key) or self.policies.get(AIBRIX_STRATEGIES.get(key, ""))
         if profile is None:
             raise BadRequest(
-                f"unknown routing policy {name!r}; known: {', '.join(self.policies)}; AIBrix "
+                f"unknown routing policy {clip(name)!r}; known: {', '.join(self.policies)}; AIBrix "
                 f"strategies: {', '.join(AIBRIX_STRATEGIES)}",
                 param="x-kvgate-policy",
             )
@@ -138,7 +138,7 @@ class Router:
         started = self._clock()
         serving = self._registry.serving(body["model"])
         if not serving:
-            raise ModelNotFound(f"The model `{body['model']}` does not exist.", param="model")
+            raise ModelNotFound(f"The model `{clip(body['model'])}` does not exist.", param="model")
         request = await self._routing_request(
             kind, body, serving, prefix=profile.uses_prefix or dry_run, session=session,
             slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, body_bytes=body_bytes, client=client,
@@ -230,7 +230,7 @@ class Router:
         self._stages["decide"].observe(finished - decide_started)
         self._stages["total"].observe(finished - started)
         if not decision.ranking:
-            raise NoRoutablePod(f"no routable pod for model `{request.model}` right now")
+            raise NoRoutablePod(f"no routable pod for model `{clip(request.model)}` right now")
         return Routed(decision, request)
 
     def dispatch(self, routed: Routed, state: PodState) -> None:

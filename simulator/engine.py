@@ -105,6 +105,11 @@ class SimEngine:
         self.received_request_ids: collections.deque[str] = collections.deque(maxlen=1024)
         """The `X-Request-Id` of each generation request received, latest last (vLLM names
         its request after it); for tests and for following a request through a gateway."""
+        self.received_trace_context: collections.deque[tuple[str | None, str | None]] = (
+            collections.deque(maxlen=1024)
+        )
+        """The W3C `traceparent` and `tracestate` of each generation request received (vLLM
+        continues the trace they name when it traces), latest last; None where absent."""
         self._publish_lock = asyncio.Lock()
         self.created = int(wall_clock())
 

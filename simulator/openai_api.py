@@ -177,6 +177,9 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
     sim = engine.new_request(prompt, max_tokens)
     kind = "chatcmpl" if chat else "cmpl"
     client_id = request.headers.get("x-request-id")
+    engine.received_trace_context.append(
+        (request.headers.get("traceparent"), request.headers.get("tracestate"))
+    )
     # As vLLM: the request is named after the client's X-Request-Id, echoed in the answer.
     headers = {"x-request-id": client_id} if client_id else None
     if client_id:

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from gateway.admin import _authorized
 from gateway.api import read_json, validate
-from gateway.errors import BadRequest, NotFound, UpstreamError
+from gateway.errors import BadRequest, NotFound, UpstreamError, clip
 from gateway.pinning.manager import PinManager
 from gateway.router import Kind
 from gateway.state import GatewayState
@@ -45,10 +45,10 @@ async def pin(request: Request) -> Response:
     model = body["model"]
     serving = gateway.registry.serving(model)
     if not serving:
-        raise NotFound(f"The model `{model}` does not exist.", param="model")
+        raise NotFound(f"The model `{clip(model)}` does not exist.", param="model")
     pod = body.get("pod")
     if pod is not None and not any(state.name == pod for state in serving):
-        raise NotFound(f"no pod named {pod!r} serves `{model}`", param="pod")
+        raise NotFound(f"no pod named {clip(str(pod))!r} serves `{clip(model)}`", param="pod")
     prompt = await gateway.router.prompt(kind, body)
     if prompt is None:
         raise UpstreamError("the prompt could not be tokenized, so its blocks are unknown")
@@ -78,7 +78,7 @@ async def unpin(request: Request) -> Response:
         raise BadRequest("`id` (a pin id from POST /admin/pin) is required", param="id")
     blocks = len(lease.held) if (lease := pins.book.get(lease_id)) is not None else 0
     if await pins.unpin(lease_id) is None:
-        raise NotFound(f"no pin with id {lease_id!r}", param="id")
+        raise NotFound(f"no pin with id {clip(lease_id)!r}", param="id")
     return JSONResponse({"id": lease_id, "unpinned": True, "blocks": blocks})
 
 

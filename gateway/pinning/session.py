@@ -9,7 +9,7 @@ import hmac
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import BadRequest, Forbidden
+from gateway.errors import BadRequest, Forbidden, clip
 from gateway.registry import PodState
 from gateway.router import Kind, Routed
 from gateway.settings import Settings
@@ -55,7 +55,7 @@ def parse_pin_header(value: str) -> float | None:
             ttl = -1.0
         if ttl > 0:
             return ttl
-    raise BadRequest(f"{PIN_HEADER} must be `ttl=SECONDS`, got {value!r}", param=PIN_HEADER)
+    raise BadRequest(f"{PIN_HEADER} must be `ttl=SECONDS`, got {clip(value)!r}", param=PIN_HEADER)
 
 
 def session_pin_hook(

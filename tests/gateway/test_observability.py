@@ -437,3 +437,73 @@ def test_made_request_ids_are_uuid4_hex() -> None:
         parsed = uuid.UUID(hex=made)
         assert parsed.hex == made and parsed.version == 4
         assert parsed.variant == uuid.RFC_4122
+
+
+FORGED = "2026-11-25T07:40:00.123Z WARNING gateway.app: admin token rotated"
+"""A line a client would like the gateway's log to hold."""
+LINE_START = re.compile(
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+)
+
+
+async def test_kvgate_serve_text_logs_cannot_be_forged_by_a_path(
+    start_engine: StartEngine, tmp_path: Path
+) -> None:
+    """`kvgate serve` with its default text log: paths holding LF, CR, ESC, a C1 control and
+    U+2028 (sent percent-encoded, decoded by the server) are logged on their access line,
+    escaped; every line of the output is a record of its own."""
+    engine = await start_engine(name="e0")
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps({"pods": [pod_entry(engine)]}))
+    log = tmp_path / "gateway.log"
+    env = {**os.environ, "KVGATE_SCRAPE_INTERVAL": "0.2"}
+    env.pop("KVGATE_LOG_FORMAT", None)
+    forged = FORGED.replace(" ", "%20")
+    paths = [f"/x%0a{forged}", f"/x%0d{forged}", f"/x%0d%0a{forged}", f"/x%1b[2K%1b[1G{forged}",
+             f"/x%c2%85{forged}", f"/x%e2%80%a8{forged}", f"/v1/models/m%0a{forged}"]  # fmt: skip
+    async with kvgate_serve(pods, log, env) as client:
+        for n, path in enumerate(paths):
+            request = client.build_request("GET", path, headers={"x-request-id": f"forge-{n}"})
+            response = await client.send(request)
+            assert response.status_code == 404, (path, response.text)
+
+        def logged() -> bool:
+            return f"request_id=forge-{len(paths) - 1}]" in log.read_text(errors="replace")
+
+        await eventually(logged, within=10, what="the last access line")
+    output = log.read_bytes()
+    assert b"\r" not in output and b"\x1b" not in output
+    assert "\u2028".encode() not in output and "\x85".encode() not in output
+    lines = output.decode().split("\n")[:-1]
+    assert all(LINE_START.match(line) for line in lines), [
+        line for line in lines if not LINE_START.match(line)
+    ]
+    assert not [line for line in lines if line.startswith(FORGED)]
+    for n in range(len(paths)):
+        (access,) = [line for line in lines if f"[request_id=forge-{n}]" in line]
+        assert "status=404" in access and FORGED in access  # the path is there, escaped
+    assert any("GET /x\\n2026" in line for line in lines)
+    assert any("GET /x\\x1b[2K\\x1b[1G2026" in line for line in lines)
+
+
+def test_a_text_traceback_holding_client_data_stays_indented() -> None:
+    """An exception's text may quote a client: its lines are escaped and indented under
+    the record, never at the start of a line."""
+    lines = Lines(TextFormatter())
+    logger = logging.getLogger("kvgate.test")
+    logger.addHandler(lines.handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("a\nb\rc\x1bd\x7fe\tf")
+        try:
+            raise ValueError(f"bad value\n{FORGED}\r\x1b[31m")
+        except ValueError:
+            logger.exception("failed on %s", f"x\n{FORGED}")
+    finally:
+        logger.removeHandler(lines.handler)
+    first, second, *traceback = lines.stream.getvalue().split("\n")[:-1]
+    assert first.endswith(": a\\nb\\rc\\x1bd\\x7fe\tf")
+    assert second.endswith(f"ERROR kvgate.test: failed on x\\n{FORGED}")
+    assert traceback and all(line.startswith("    ") for line in traceback)
+    assert f"    {FORGED}\\r\\x1b[31m" in traceback
+    assert "    ValueError: bad value" in traceback

@@ -14,10 +14,11 @@ import pytest
 
 from gateway.discovery import Pod
 from gateway.registry import PodRegistry, PodState
-from gateway.scraper import MetricsScraper, parse_engine_metrics
+from gateway.scraper import MAX_PAGE_BYTES, MetricsScraper, parse_engine_metrics
 from indexer import SyncPrefixHashTable
 from simulator import EngineServer
 from tests.conftest import StartEngine
+from tests.gateway.conftest import StartGateway, pod_entry
 from tests.helpers import eventually, free_port
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "vllm-0.32.0-cpu-metrics.txt"
@@ -347,3 +348,157 @@ async def test_a_trickling_engine_fails_its_own_scrapes_and_delays_no_other(
             await task
         slow.close()
         await slow.wait_closed()
+
+
+# -- a page's size and the event loop -------------------------------------------------------
+
+
+class MetricsPage:
+    """A raw HTTP engine whose /metrics is `page`, sent with a content-length or chunked
+    (64 KB chunks, no length declared); anything else is a 404."""
+
+    def __init__(self, page: bytes, *, chunked: bool = False) -> None:
+        self.page = page
+        self.chunked = chunked
+        self.server: asyncio.Server | None = None
+        self.handlers: set[asyncio.Task[None]] = set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head.startswith(b"GET /metrics "):
+                    writer.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                elif self.chunked:
+                    writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                    view = memoryview(self.page)
+                    for at in range(0, len(view), 65536):
+                        part = view[at : at + 65536]
+                        writer.write(b"%x\r\n" % len(part) + part + b"\r\n")
+                        await writer.drain()
+                    writer.write(b"0\r\n\r\n")
+                else:
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(self.page))
+                    writer.write(self.page)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self.handlers:
+            task.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def failures(page: str, pod: str, reason: str) -> float:
+    prefix = f'kvgate_scrape_failures_total{{pod="{pod}",reason="{reason}"}} '
+    (line,) = [line for line in page.splitlines() if line.startswith(prefix)]
+    return float(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["declared", "chunked"])
+async def test_a_10_mb_metrics_page_fails_its_scrape_without_stalling_the_gateway(
+    start_gateway: StartGateway, chunked: bool
+) -> None:
+    """A pod serving a 10 MB /metrics page (its length declared, or chunked and only
+    found out by reading): its scrapes fail, counted as too_large, and it turns unhealthy,
+    while the gateway's event loop never stalls for long, its memory stays bounded and the
+    other pod is scraped as usual."""
+    line = b'vllm:num_requests_running{engine="0",model_name="tiny",pad="' + b"x" * 60 + b'"} 1.0\n'
+    huge = line * (10 * 1024 * 1024 // len(line))
+    async with MetricsPage(huge, chunked=chunked) as url:
+        gw = await start_gateway(engines=1, unhealthy_after=2)
+        gw.write_pods([pod_entry(gw.engines[0]), {"name": "big", "url": url, "model": MODEL}])
+        loop = asyncio.get_running_loop()
+        baseline = rss_bytes()
+        worst_gap = 0.0
+        peak = baseline
+
+        async def ticker() -> None:
+            nonlocal worst_gap, peak
+            last = loop.time()
+            while True:
+                await asyncio.sleep(0.005)
+                now = loop.time()
+                worst_gap = max(worst_gap, now - last)
+                peak = max(peak, rss_bytes())
+                last = now
+
+        watch = asyncio.create_task(ticker())
+        try:
+            async with gw.client() as client:
+
+                async def big_failed_thrice() -> bool:
+                    page = (await client.get("/metrics")).text
+                    counted = 'big",reason="too_large"' in page
+                    return counted and failures(page, "big", "too_large") >= 3
+
+                await eventually(big_failed_thrice, within=20, what="three failed scrapes")
+                page = (await client.get("/metrics")).text
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+    big = gw.state.registry.get("big")
+    assert big is not None and not big.healthy and big.running == 0.0
+    e0 = gw.state.registry.get("e0")
+    assert e0 is not None and e0.healthy
+    for reason in ("unreachable", "timeout", "status"):
+        assert failures(page, "big", reason) == 0
+    assert failures(page, "e0", "too_large") == 0  # at 0 from the pod's first scrape
+    assert 'kvgate_pod_healthy{pod="big"} 0.0' in page
+    assert worst_gap < 0.25, f"the event loop stalled {worst_gap:.3f} s"
+    assert peak - baseline < 48 * 1024 * 1024, f"+{(peak - baseline) / 2**20:.0f} MB resident"
+
+
+async def test_a_page_up_to_the_bound_is_read_and_parsed_as_the_same_text(
+    client: httpx.AsyncClient,
+) -> None:
+    """The real vLLM page, streamed chunked, gives what the parser gives for its text; a
+    page of exactly MAX_PAGE_BYTES is read, one byte more fails the scrape."""
+    text = GOLDEN.read_text().replace(
+        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0',
+        'vllm:num_requests_waiting{engine="0",model_name="tiny"} 5.0',
+    )
+    reg = registry()
+    async with MetricsPage(text.encode(), chunked=True) as url:
+        await reg.upsert_pod(Pod(name="golden", url=url, model=MODEL))
+        state = reg.get("golden")
+        assert state is not None
+        await scraper(reg, client).scrape_all()
+        assert state.healthy and state.scraped_at is not None
+        assert (state.running, state.waiting, state.kv_usage) == (0.0, 5.0, 0.0)
+        assert parse_engine_metrics(text) == {"running": 0.0, "waiting": 5.0, "kv_usage": 0.0}
+    sample = b"vllm:num_requests_running 2.0\n"
+    padding = b"#" * (MAX_PAGE_BYTES - len(sample) - 1) + b"\n"
+    for page, ok in ((sample + padding, True), (sample + padding + b"#", False)):
+        for chunked in (False, True):
+            reg = registry()
+            seen: list[bool] = []
+            async with MetricsPage(page, chunked=chunked) as url:
+                await reg.upsert_pod(Pod(name="edge", url=url, model=MODEL))
+                await scraper(reg, client, on_scrape=lambda _, ok, seen=seen: seen.append(ok)
+                              ).scrape_all()  # fmt: skip
+            state = reg.get("edge")
+            assert state is not None
+            assert seen == [ok], (len(page), chunked)
+            assert state.running == (2.0 if ok else 0.0)

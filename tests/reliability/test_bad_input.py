@@ -97,3 +97,37 @@ async def test_a_generation_path_asked_with_another_method_is_a_405(
             assert_openai_error(response)
             assert response.status_code == 405
             assert "POST" in response.headers["allow"]
+
+
+async def test_a_huge_name_is_not_echoed_back_whole(start_gateway: StartGateway) -> None:
+    """A 1 MB model name, a 20 KB policy, pod or pin header value: each refusal quotes the
+    value cut to a few hundred characters, in a body of a few KB at most."""
+    gw = await start_gateway(engines=1)
+    huge = "m" * 1_000_000
+    long = "p" * 20_000
+    hi = [{"role": "user", "content": "hi"}]
+    chat = {"model": MODEL, "messages": hi}
+    async with gw.admin() as client:
+        answers = [
+            await client.post("/v1/chat/completions", json={"model": huge, "messages": hi}),
+            await client.post("/v1/completions", json={"model": huge, "prompt": "hi"}),
+            await client.post("/v1/embeddings", json={"model": huge, "input": "hi"}),
+            await client.post("/admin/match", json={"model": huge, "messages": hi}),
+            await client.post("/admin/pin", json={"model": huge, "prompt": "hi"}),
+            await client.post("/admin/pin", json={"model": MODEL, "prompt": "hi", "pod": long}),
+            await client.post("/admin/unpin", json={"id": long}),
+            await client.get(f"/v1/models/{long}"),
+            await client.get("/admin/index", params={"pod": long}),
+            await client.get("/admin/snapshot", params={"pod": long}),
+            await client.post("/v1/chat/completions", headers={"x-kvgate-policy": long}, json=chat),
+            await client.post(
+                "/v1/chat/completions",
+                headers={"x-kvgate-pin": long, "x-kvgate-pin-token": ADMIN_TOKEN},
+                json=chat,
+            ),
+        ]
+    for response in answers:
+        assert_openai_error(response)
+        assert len(response.content) < 2048, (response.request.url.path, len(response.content))
+        message = response.json()["error"]["message"]
+        assert "m" * 256 + "…" in message or "p" * 256 + "…" in message, message[:80]

@@ -230,3 +230,32 @@ def test_settings_never_show_the_admin_token() -> None:
     loaded = Settings.load({"KVGATE_ADMIN_TOKEN": "s3cr3t-token"})
     assert loaded.admin_token == "s3cr3t-token"
     assert "s3cr3t-token" not in repr(loaded) and "s3cr3t-token" not in str(loaded)
+
+
+async def test_no_answer_sends_the_client_elsewhere_by_its_host_header(
+    start_gateway: StartGateway,
+) -> None:
+    """A path with a trailing slash (or any path not served) is a 404 in OpenAI's shape:
+    never a redirect whose Location is built from the client's Host header."""
+    gw = await start_gateway(1)
+    host = {"host": "evil.example"}
+    async with gw.client(follow_redirects=False) as client:
+        for method, path in (
+            ("POST", "/v1/embeddings/"),
+            ("POST", "/v1/chat/completions/"),
+            ("POST", "/v1/completions/"),
+            ("GET", "/v1/models/"),
+            ("GET", "/health/"),
+            ("GET", "/metrics/"),
+            ("GET", "/admin/pods/"),
+            ("POST", "/tokenize/"),
+        ):
+            response = await client.request(method, path, headers=host, json=MATCH_BODY)
+            assert response.status_code == 404, (path, response.status_code)
+            assert_openai_error(response)
+            assert "location" not in response.headers, path
+            assert "evil.example" not in response.text
+        # the paths without the slash are served
+        embed = {"model": MODEL, "input": "hi"}
+        response = await client.post("/v1/embeddings", headers=host, json=embed)
+        assert response.status_code == 200, response.text
