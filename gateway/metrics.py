@@ -123,6 +123,8 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        for reason in ("TooManyRequests", "RequestTimeout"):  # the limits': at 0 from the start
+            self.rejected.labels(reason)
         self.decision_seconds = LabelledHistogram(
             "kvgate_decision_seconds",
             "Routing decision latency by stage (tokenize, match, decide, total)",
