@@ -114,8 +114,8 @@ class _Body:
     """One request's body on its way in: its grace timer, whether it counts as slow, and
     the slot its request takes once it is complete."""
 
-    __slots__ = ("_cancelling", "_receive", "_task", "_timer", "client", "counted", "holding",
-                 "limiter", "receiving", "refused", "waiting")  # fmt: skip
+    __slots__ = ("_cancelling", "_receive", "_timer", "_waiting", "client", "counted",
+                 "holding", "limiter", "receiving", "refused")  # fmt: skip
 
     def __init__(self, limiter: ConcurrencyLimit, client: str, receive: Receive) -> None:
         self.limiter = limiter
@@ -125,13 +125,12 @@ class _Body:
         self.counted = False
         self.refused = False
         self.holding = False
-        self.waiting = False
         self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[object] | None = None
+        self._waiting: asyncio.Task[object] | None = None
+        """The task waiting in `receive` for the body, if one is."""
         self._cancelling = 0
 
     def time_it(self) -> None:
-        self._task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         self._timer = loop.call_later(self.limiter.grace_s, self._grace_over)
 
@@ -147,27 +146,26 @@ class _Body:
             self.counted = True
             return
         self.refused = True
-        if self.waiting and self._task is not None:
+        if self._waiting is not None:
             # The request waits in `receive` for bytes that may come in a long while:
             # interrupt that wait (as asyncio.timeout does) and refuse it there.
-            self._cancelling = self._task.cancelling()
-            self._task.cancel()
+            self._cancelling = self._waiting.cancelling()
+            self._waiting.cancel()
 
     async def receive(self) -> Message:
         if self.refused and self.receiving:
             self.done()
             raise self.limiter._too_many_slow()
-        self.waiting = True
+        task = self._waiting = asyncio.current_task() if self.receiving else None
         try:
             message = await self._receive()
         except asyncio.CancelledError:
-            task = self._task
             if self.refused and task is not None and task.uncancel() <= self._cancelling:
                 self.done()
                 raise self.limiter._too_many_slow() from None
             raise
         finally:
-            self.waiting = False
+            self._waiting = None
         if self.receiving and not (
             message["type"] == "http.request" and message.get("more_body", False)
         ):
