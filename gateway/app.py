@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin, api, passthrough
+from gateway.client_address import ForwardedClients, TrustedProxies
 from gateway.discovery import Discovery, DiscoveryEvents, build_discovery, run_resynced
 from gateway.errors import GatewayError, NotFound, clip, refusal
 from gateway.http1 import Http1Pool
@@ -99,12 +100,14 @@ def create_app(
     app.router.redirect_slashes = False
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
-    limited = ConcurrencyLimit(
+    limited: ASGIApp = ConcurrencyLimit(
         api.GenerationLane(app),
         limit=settings.max_concurrent_requests,
         bodies_per_client=settings.max_bodies_per_client,
         on_reject=metrics.rejected.labels("TooManyRequests").inc,
     )
+    if settings.trusted_proxies:  # no proxy trusted: no layer, the peer is the client
+        limited = ForwardedClients(limited, TrustedProxies(settings.trusted_proxies))
     return _CutConnections(  # type: ignore[return-value]
         limited,
         app,
@@ -361,8 +364,9 @@ class _CutConnections:
     """An engine failure after the response started ends it unfinished: uvicorn then drops
     the client's connection, as the engine's own failure would have. Inside it, request ids
     and the access log (`gateway/request_id.py`) wrap the whole app, errors included; then
-    the concurrency limit, then the generation lane (`api.GenerationLane`) in front of the
-    starlette app that serves every other route."""
+    the forwarded client address (with `KVGATE_TRUSTED_PROXIES`,
+    `gateway/client_address.py`), the concurrency limit, then the generation lane
+    (`api.GenerationLane`) in front of the starlette app that serves every other route."""
 
     def __init__(
         self,

@@ -4,10 +4,11 @@ OpenAI-style body, and the one start-up error.
 GatewayError
 ├── BadRequest (400)            malformed JSON, missing fields, unknown policy
 │   └── ClientClosed (400)      the client left before sending its body
-├── PayloadTooLarge (413)
-├── RequestTimeout (408)        the client did not send its body in time
+├── PayloadTooLarge (413)       Connection: close
+├── RequestTimeout (408)        the client did not send its body in time; Connection: close
 ├── RetryLater                  carries Retry-After
-│   ├── TooManyRequests (429)   over KVGATE_MAX_CONCURRENT_REQUESTS
+│   ├── TooManyRequests (429)   over KVGATE_MAX_CONCURRENT_REQUESTS, or
+│   │                           KVGATE_MAX_BODIES_PER_CLIENT (then Connection: close)
 │   │   └── SloUnreachable (429)  no pod predicted to meet x-slo-ttft-ms / x-slo-tpot-ms
 │   │                             (KVGATE_SLO_SHED)
 │   └── NoRoutablePod (503)     every candidate filtered out
@@ -58,6 +59,10 @@ class GatewayError(Exception):
     status = 500
     error_type = "internal_error"
     code: str | None = None
+    close_connection = False
+    """Answered before the request's body was read whole: the answer says
+    `Connection: close` and the server closes the connection after it, so the rest of the
+    body (a slow client's trickle) cannot hold the connection."""
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         message = clip(message, _MESSAGE_LIMIT)
@@ -66,7 +71,7 @@ class GatewayError(Exception):
         self.param = param
 
     def headers(self) -> dict[str, str]:
-        return {}
+        return {"connection": "close"} if self.close_connection else {}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -98,6 +103,7 @@ class BadRequest(GatewayError):
 class PayloadTooLarge(GatewayError):
     status = 413
     error_type = "invalid_request_error"
+    close_connection = True
 
 
 class ClientClosed(BadRequest):
@@ -109,17 +115,21 @@ class ClientClosed(BadRequest):
 class RequestTimeout(GatewayError):
     status = 408
     error_type = "invalid_request_error"
+    close_connection = True
 
 
 class RetryLater(GatewayError):
     """An error the client may retry after `retry_after_s` (sent as Retry-After)."""
 
-    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+    def __init__(
+        self, message: str, *, retry_after_s: int = 1, close_connection: bool = False
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.close_connection = close_connection
 
     def headers(self) -> dict[str, str]:
-        return {"retry-after": str(self.retry_after_s)}
+        return {**super().headers(), "retry-after": str(self.retry_after_s)}
 
 
 class TooManyRequests(RetryLater):

@@ -6,7 +6,9 @@ headers that never end: one slow client could hold a connection, or memory, with
 limit. This subclass answers 431 when a request's URL + headers exceed `max_header_bytes`,
 and closes a connection that has not completed a request's headers within
 `header_timeout_s` (from its opening, or from the start of each request on a kept-alive
-connection). The request body's own deadline is the app's (`KVGATE_BODY_TIMEOUT`).
+connection). The request body's own deadline is the app's (`KVGATE_BODY_TIMEOUT`); a
+connection whose request was answered before its body was all received is closed after
+the answer.
 
 It also tells the app when the client's connection closes, through the scope extension
 `CLIENT_GONE` (a `ConnectionWatch`): the proxy hears of a client leaving from the protocol
@@ -68,13 +70,20 @@ class HeadWithBody:
     An answer relayed whole from an engine is one write, not two: on loopback or a pod
     network each write is a send system call and often a packet of its own, the largest
     single cost of a small request in the gateway's CPU (docs/benchmarks.md). A stream's
-    head goes out at the end of the iteration as before; nothing else is held."""
+    head goes out at the end of the iteration as before; nothing else is held. `close`
+    (the transport's own by default) is called once what is held went out."""
 
-    __slots__ = ("_flush", "_held", "_loop", "_started", "_transport")
+    __slots__ = ("_close", "_flush", "_held", "_loop", "_started", "_transport")
 
-    def __init__(self, transport: Writable, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        transport: Writable,
+        loop: asyncio.AbstractEventLoop,
+        close: Callable[[], None] | None = None,
+    ) -> None:
         self._transport = transport
         self._loop = loop
+        self._close = close or transport.close
         self._held: bytes | None = None
         self._flush: asyncio.Handle | None = None
         self._started = False
@@ -108,7 +117,12 @@ class HeadWithBody:
 
     def close(self) -> None:
         self._write_held()
-        self._transport.close()
+        self._close()
+
+
+LINGER_S = 2.0
+"""How long a connection answered before its request's body was complete goes on reading
+(and dropping) that body before it is closed."""
 
 
 class HeaderTooLarge(Exception):
@@ -128,6 +142,7 @@ _RESPONSE_431 = (
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 32 * 1024
     header_timeout_s = 10.0
+    linger_s = LINGER_S
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -136,6 +151,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._headers_pending = False
         self._watch = ConnectionWatch()
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -143,6 +159,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
         self._watch.lost()
 
@@ -161,7 +179,36 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]
         scope["extensions"][BODY_RECEIVED] = True
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            # Answered before the request's body was all here (a route that reads no body):
+            # the rest of it is nobody's, and a client trickling it must not hold the
+            # connection, as uvicorn would let it (it reads and drops the rest).
+            cycle.transport.close()  # through the HeadWithBody: what it holds goes out first
+
+    def _close_after_answer(self) -> None:
+        """The connection closes after an answer. If the request's body is still arriving
+        (408, 413, 429), it lingers: our side is shut, and what the client still sends is
+        read and dropped until it stops or for `linger_s`. Closed at once, the unread
+        bytes would make the kernel reset the connection, and a client still writing
+        could lose the answer before reading it."""
+        cycle = self.cycle
+        transport = self.transport
+        if cycle is None or not cycle.more_body or transport.is_closing():
+            transport.close()
+            return
+        if self._linger_timer is not None:
+            return
+        self._linger_timer = self.loop.call_later(self.linger_s, transport.close)
+        self.flow.resume_reading()
+        if transport.can_write_eof():
+            transport.write_eof()
+
     def data_received(self, data: bytes) -> None:
+        if self._linger_timer is not None:
+            return  # the rest of a refused request: dropped
         super().data_received(data)
         pending = self._headers_pending and self._header_timer is None
         if pending and not self.transport.is_closing():
@@ -186,7 +233,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not before and cycle is not None:
             # A new request (not an upgrade): its response goes out through a HeadWithBody.
             # Its task has not run yet, so nothing was written through the plain one.
-            cycle.transport = HeadWithBody(cycle.transport, self.loop)  # type: ignore[assignment]
+            cycle.transport = HeadWithBody(  # type: ignore[assignment]
+                cycle.transport, self.loop, self._close_after_answer
+            )
 
     def send_400_response(self, msg: str) -> None:
         # The parser reports our callback's exception as a parse error: answer 431 instead.

@@ -123,6 +123,8 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        for reason in ("TooManyRequests", "RequestTimeout"):  # the limits': at 0 from the start
+            self.rejected.labels(reason)
         self.invalid_headers = Children(
             Counter(
                 "kvgate_invalid_headers",

@@ -121,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         log_config=None,  # uvicorn's loggers propagate to ours (same format, JSON included)
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
         timeout_keep_alive=30,
+        # The client address comes from forwarding headers only as KVGATE_TRUSTED_PROXIES
+        # says (gateway/client_address.py); uvicorn's own would trust 127.0.0.1's.
+        proxy_headers=False,
         http=bounded_protocol(
             max_header_bytes=settings.max_header_bytes, header_timeout_s=settings.header_timeout_s
         ),

@@ -41,6 +41,7 @@ class GatewayServer:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=drain_timeout_s,
+            proxy_headers=False,  # the client address: KVGATE_TRUSTED_PROXIES only
             http=bounded_protocol(
                 max_header_bytes=max_header_bytes, header_timeout_s=header_timeout_s
             ),

@@ -4,6 +4,7 @@ variable, the value and what is allowed."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 import tomllib
@@ -100,6 +101,15 @@ def _namespaces(raw: str) -> tuple[str, ...]:
     if not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name) for name in names):
         raise ValueError(raw)
     return names
+
+
+def _networks(raw: str) -> tuple[str, ...]:
+    """Comma-separated addresses or CIDR ranges, normalized (`10.0.0.0/8`, `fd00::/8`)."""
+    return tuple(
+        str(ipaddress.ip_network(part.strip(), strict=False))
+        for part in raw.split(",")
+        if part.strip()
+    )
 
 
 def _zmq_endpoint(raw: str) -> str:
@@ -452,8 +462,15 @@ class Settings:
     )  # fmt: skip
     max_bodies_per_client: int = _setting(
         64, "KVGATE_MAX_BODIES_PER_CLIENT", _positive_int, "an integer > 0",
-        "request bodies being received at once per client address (slow senders hold no "
-        "request slot); 429 beyond it",
+        "request bodies per client address still arriving 1 s after their headers (a "
+        "body complete within that second never counts; slow senders hold no request "
+        "slot); 429 beyond it",
+    )  # fmt: skip
+    trusted_proxies: tuple[str, ...] = _setting(
+        (), "KVGATE_TRUSTED_PROXIES", _networks, "comma-separated IP addresses or CIDR ranges",
+        "proxies in front of the gateway (ingress, load balancer, sidecar): only a request "
+        "from one of them has its client address read from `X-Forwarded-For` (or "
+        "`Forwarded`); unset: the TCP peer's address, headers ignored",
     )  # fmt: skip
     max_prompt_tokens: int | None = _setting(
         None, "KVGATE_MAX_PROMPT_TOKENS", _positive_int, "an integer > 0",

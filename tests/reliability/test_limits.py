@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
+from pathlib import Path
 
 import httpx
+import pytest
 
+from gateway.limits import ConcurrencyLimit
 from tests.gateway.conftest import MODEL
 from tests.helpers import eventually
 from tests.reliability.conftest import ServeGateway
@@ -24,13 +28,14 @@ def chat_body(text: str = "hello") -> bytes:
 
 
 async def open_partial_request(
-    port: int, path: str, body: bytes, sent: int
+    port: int, path: str, body: bytes, sent: int, headers: dict[str, str] | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A request whose headers announce `body` but of which only `sent` bytes go out."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     head = (
         f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
+        f"content-length: {len(body)}\r\n{extra}\r\n"
     ).encode()
     writer.write(head + body[:sent])
     await writer.drain()
@@ -61,6 +66,41 @@ async def test_a_body_sent_too_slowly_gets_408(serve_gateway: ServeGateway) -> N
         writer.close()
     assert status == 408
     assert json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_client_trickling_after_its_408_is_disconnected(
+    serve_gateway: ServeGateway,
+) -> None:
+    """After its 408 a client that goes on sending its body cannot hold the connection:
+    the answer says `Connection: close`, the server shuts its side at once and stops
+    reading within seconds (the connection used to stay open for as long as the client
+    trickled, > 95 s)."""
+    gw = await serve_gateway(body_timeout_s=0.5, server=BOUNDS)
+    long_body = chat_body("x" * 10_000)  # minutes of trickling
+    reader, writer = await open_partial_request(
+        gw.server.port, "/v1/chat/completions", long_body, sent=10
+    )
+    try:
+        status, headers, _ = await read_response(reader)
+        assert status == 408 and headers["connection"] == "close"
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # the server's side is shut
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            async with asyncio.timeout(10):  # a bound: the server lingers 2 s
+                while True:  # the client goes on trickling
+                    writer.write(b" ")
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+    assert _rejected(gw, "RequestTimeout") == 1.0
+
+
+def _rejected(gw: object, reason: str) -> float | None:
+    registry = gw.state.metrics.prometheus  # type: ignore[attr-defined]
+    value: float | None = registry.get_sample_value(
+        "kvgate_requests_rejected_total", {"reason": reason}
+    )
+    return value
 
 
 async def test_headers_that_never_end_get_the_connection_closed(
@@ -145,48 +185,91 @@ async def test_requests_beyond_the_concurrency_limit_get_429_with_retry_after(
 
 async def test_slow_bodies_hold_no_slot(serve_gateway: ServeGateway) -> None:
     """Trickling bodies used to take every slot until the body timeout: now a slot is taken
-    when the body is complete, and each client address has its own bound on bodies being
-    received."""
+    when the body is complete, and each client address has its own bound on bodies still
+    arriving after their grace."""
     gw = await serve_gateway(max_concurrent_requests=2, max_bodies_per_client=12,
                              body_timeout_s=30.0)  # fmt: skip
     port = gw.server.port
+    path = "/v1/chat/completions"
     body = chat_body()
-    slow = [await open_partial_request(port, "/v1/chat/completions", body, sent=5)
-            for _ in range(10)]  # fmt: skip
+    limiter = limiter_of(gw)
+    slow = [await open_partial_request(port, path, body, sent=5) for _ in range(12)]
     try:
+        await eventually(lambda: limiter.slow.get("127.0.0.1") == 12, what="12 slow bodies")
         async with gw.client() as client:
             for _ in range(3):  # real requests still get through, one after the other
-                answer = await client.post("/v1/chat/completions", content=body)
+                answer = await client.post(path, content=body)
                 assert answer.status_code == 200, answer.text
-            assert _in_progress(gw) == 0
-            # this address has 10 bodies in progress; 2 more are allowed, then 429 at once
-            more = [await open_partial_request(port, "/v1/chat/completions", body, sent=5)
-                    for _ in range(2)]  # fmt: skip
-            slow += more
-            reader, writer = await open_partial_request(port, "/v1/chat/completions", body, 5)
-            slow.append((reader, writer))
-            status, headers, refused = await read_response(reader)
-            assert status == 429 and headers["retry-after"] == "1"
-            assert b"KVGATE_MAX_BODIES_PER_CLIENT" in refused
-        # a trickled body that completes is served like any other
+            assert limiter.in_progress == 0
+        # from the same address, a body sent in two parts within its grace is served
+        reader, writer = await open_partial_request(port, path, body, sent=5)
+        writer.write(body[5:])
+        await writer.drain()
+        status, _, _ = await read_response(reader)
+        writer.close()
+        assert status == 200
+        # a 13th body still arriving after its grace: 429, and its connection is closed
+        reader, writer = await open_partial_request(port, path, body, sent=5)
+        slow.append((reader, writer))
+        status, headers, refused = await read_response(reader)
+        assert status == 429 and headers["retry-after"] == "1"
+        assert headers["connection"] == "close"
+        assert b"KVGATE_MAX_BODIES_PER_CLIENT" in refused
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        assert limiter.slow["127.0.0.1"] == 12
+        assert _rejected(gw, "TooManyRequests") == 1.0
+        # a trickled body that completes is served like any other, and no longer counts
         reader, writer = slow[0]
         writer.write(body[5:])
         await writer.drain()
         status, _, _ = await read_response(reader)
         assert status == 200
+        assert limiter.slow["127.0.0.1"] == 11
     finally:
         for _, writer in slow:
             writer.close()
+    await eventually(lambda: not limiter.slow, what="the slow bodies gone with their clients")
+
+
+BURST_CLIENT = Path(__file__).with_name("burst_client.py")
+
+
+@pytest.mark.parametrize("requests", [100, 400])
+async def test_a_burst_from_one_address_is_not_refused(
+    serve_gateway: ServeGateway, requests: int
+) -> None:
+    """Behind an ingress every client shares one address. 100 or 400 requests at once from
+    one address, from another process (each body read after its headers, in a later turn
+    of the event loop), are all served: a body counted against its address from its
+    headers on used to refuse 36 of 100 and 336 of 400 with 429."""
+    gw = await serve_gateway()
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, str(BURST_CLIENT), gw.url, str(requests), MODEL,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(client.communicate(), 180)
+    finally:
+        if client.returncode is None:
+            client.kill()
+            await client.wait()
+    assert json.loads(out) == {"200": requests}
+    assert _rejected(gw, "TooManyRequests") == 0.0
+    assert limiter_of(gw).slow == {}
+
+
+def limiter_of(gw: object) -> ConcurrencyLimit:
+    """The app's limiter, found in its middleware stack."""
+    node: object = gw.app  # type: ignore[attr-defined]
+    while node is not None:
+        if isinstance(node, ConcurrencyLimit):
+            return node
+        node = getattr(node, "middleware_stack", None) or getattr(node, "app", None)
+    raise AssertionError("no ConcurrencyLimit in the middleware stack")
 
 
 def _in_progress(gw: object) -> int:
-    """The limiter's count, found in the app's middleware stack."""
-    node: object = gw.app  # type: ignore[attr-defined]
-    while node is not None:
-        if type(node).__name__ == "ConcurrencyLimit":
-            return int(node.in_progress)  # type: ignore[attr-defined]
-        node = getattr(node, "middleware_stack", None) or getattr(node, "app", None)
-    raise AssertionError("no ConcurrencyLimit in the middleware stack")
+    return limiter_of(gw).in_progress
 
 
 async def test_prompts_over_the_token_limit_get_400(serve_gateway: ServeGateway) -> None:
