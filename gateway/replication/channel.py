@@ -62,6 +62,12 @@ RECEIVE_HWM = 256
 ZMQ stops reading that connection, so a flood is bounded in memory."""
 SEND_HWM = 1_000
 """Frames queued per subscriber at most; beyond it frames are dropped (counted)."""
+RECEIVE_BYTES_PER_S = 8 * 1024 * 1024
+"""Frames decoded a second at most, from all peers together (beyond: dropped undecoded,
+`rate_limited`): decoding costs ~20 ms of CPU per MiB, so a flood costs at most ~15 % of
+a core. A busy peer sends well under 1 MiB/s."""
+DRAIN_SLICE_S = 0.01
+"""Frames are applied for at most this long before the event loop serves others."""
 PEER_FORGET_S = 60.0
 """A peer silent for this long is forgotten (its slot freed for another)."""
 
@@ -115,6 +121,7 @@ class ReplicaSync:
         """Messages not sent (the PUB's high-water mark: a slow peer)."""
         self.rejected: Counter[str] = Counter()
         """Received messages (or refused connections) ignored, by reason."""
+        self._received_bytes = TokenBucket(RECEIVE_BYTES_PER_S, RECEIVE_BYTES_PER_S, clock)
         self._pub_context = zmq.asyncio.Context()
         self._sub_context = zmq.asyncio.Context()
         self._guard: ChannelGuard | None = None
@@ -184,20 +191,27 @@ class ReplicaSync:
             for sock, _ in await poller.poll(timeout=wait_ms):
                 if self._guard is not None and sock in guarded:
                     await self._guard.handle(sock)
-                else:
-                    self._drain(sock)
+                elif not self._drain(sock):
+                    await asyncio.sleep(0)  # more queued: let the requests run first
 
-    def _drain(self, sub: zmq.asyncio.Socket, limit: int = 1000) -> None:
-        """Apply every frame already queued, without a trip through the event loop each
-        (the sync shadow of the same socket: a NOBLOCK receive fails at once when empty)."""
+    def _drain(self, sub: zmq.asyncio.Socket) -> bool:
+        """Apply the frames already queued, without a trip through the event loop each
+        (the sync shadow of the same socket: a NOBLOCK receive fails at once when empty),
+        for at most `DRAIN_SLICE_S`; returns whether the queue was emptied."""
         shadow: zmq.Socket[bytes] = zmq.Socket.shadow(sub.underlying)
+        budget = self._received_bytes
         with self._timed():
-            for _ in range(limit):
+            deadline = time.perf_counter() + DRAIN_SLICE_S
+            while time.perf_counter() < deadline:
                 try:
                     frame = shadow.recv(zmq.NOBLOCK)
                 except zmq.Again:
-                    return
-                self.receive(frame)
+                    return True
+                if budget.take(len(frame)):
+                    self.receive(frame)
+                else:
+                    self.rejected["rate_limited"] += 1
+            return False
 
     @contextlib.contextmanager
     def _timed(self) -> Generator[None, None, None]:
