@@ -49,7 +49,13 @@ from gateway.prompt_tokenizer import PromptTokenizer
 from gateway.proxy import ClientGone, Upstream, UpstreamCut
 from gateway.reaper import DeadPodReaper
 from gateway.registry import PodRegistry
-from gateway.replicas import ReplicaSync, ReplicaSyncCollector
+from gateway.replication import (
+    CurveKeys,
+    RegistryFleet,
+    ReplicaSync,
+    ReplicaSyncCollector,
+    load_keys,
+)
 from gateway.request_id import RequestIds
 from gateway.router import Router, build_policies
 from gateway.routing import CostModel, PinLookup
@@ -84,11 +90,20 @@ def create_app(
     )
     table = SyncPrefixHashTable(settings.index)
     rng = rng or random.Random()
+    # Read now, so a missing or bad key file stops start-up with one line.
+    keys = (
+        load_keys(settings.replica_curve_secret_key, settings.replica_curve_peer_keys,
+                  settings.replica_curve_keys_dir)
+        if settings.replica_sync_bind is not None
+        else None
+    )  # fmt: skip
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            gateway = await _start(app, stack, settings, discovery, transport, metrics, table, rng)
+            gateway = await _start(
+                app, stack, settings, discovery, transport, metrics, table, rng, keys
+            )
             app.state.gateway = gateway
             stack.enter_context(_reload_on_sighup(discovery))
             yield
@@ -158,6 +173,7 @@ async def _start(
     metrics: GatewayMetrics,
     table: SyncPrefixHashTable,
     rng: random.Random,
+    keys: CurveKeys | None,
 ) -> GatewayState:
     pool = Http1Pool(
         connect_timeout_s=settings.upstream_connect_timeout_s,
@@ -233,7 +249,8 @@ async def _start(
             peers=settings.replica_peers,
             table=table,
             cost=cost,
-            known_pod=lambda name: registry.get(name) is not None,
+            fleet=RegistryFleet(registry, models, settings.max_prompt_tokens),
+            keys=keys,
             peer_service=settings.replica_peer_service,
         )
         sync.start()

@@ -36,6 +36,12 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "List every setting `kvgate serve` reads (environment or --config file), its default, "
         "its meaning and the value the current environment gives it.",
     ),
+    "replica-keys": (
+        "gateway.replica_keys_cli",
+        "a new CURVE key pair for the replica sync channel",
+        "Print a new CURVE key pair (Z85) for KVGATE_REPLICA_CURVE_*: secret-key=/public-key= "
+        "lines, or with --kubernetes a Secret manifest for kubectl apply.",
+    ),
     "sim": (
         "simulator.cli",
         "run simulated vLLM/SGLang engines",

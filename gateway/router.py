@@ -100,7 +100,7 @@ class Router:
         self.prompt_sizes = prompt_sizes or PromptSizes()
         """What a prompt that was not tokenized is costed at (learned from those counted)."""
         self.sync: DecisionSink | None = None
-        """Set when replicas share their decisions (`gateway/replicas.py`)."""
+        """Set when replicas share their decisions (`gateway/replication/`)."""
         self._log_predictions = log_predictions
         if log_predictions:  # whatever the gateway's log level (`KVGATE_PREDICTION_LOG`)
             prediction_logger.setLevel(logging.INFO)

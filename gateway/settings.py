@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from gateway.errors import ConfigError
+from gateway.replication.keys import KEY_HELP, MAX_TRUSTED_KEYS, local_endpoint, z85_key, z85_keys
 from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE, CostParams
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import IndexConfig, IndexLimits, Tier
@@ -268,6 +269,8 @@ class Declaration:
     aliases: tuple[Alias, ...] = ()
     shown: Callable[[Any], str] | None = None
     """How the README shows the default when its Python value reads badly (16 MiB)."""
+    secret: bool = False
+    """Its value is never shown, not even in the error that refuses it."""
 
     def default_text(self, default: object) -> str:
         """The default as the README and `kvgate settings` show it."""
@@ -306,7 +309,8 @@ def _setting(
     secret: bool = False,
 ) -> Any:
     """A Settings field and its one declaration: default, variable, parser, help."""
-    metadata = {_DECLARATION: Declaration(variable, parse, allowed, meaning, aliases, shown)}
+    declaration = Declaration(variable, parse, allowed, meaning, aliases, shown, secret)
+    metadata = {_DECLARATION: declaration}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata, repr=not secret)
     return field(default=default, metadata=metadata, repr=not secret)
@@ -582,6 +586,23 @@ class Settings:
         "a `host:port` resolved every 5 s to every replica's sync address: the peers, as they "
         "come and go",
     )  # fmt: skip
+    replica_curve_secret_key: str | None = _setting(
+        None, "KVGATE_REPLICA_CURVE_SECRET_KEY", z85_key, KEY_HELP,
+        "this replica's CURVE secret key: the sync channel is then encrypted and admits only "
+        "trusted keys; required when `KVGATE_REPLICA_SYNC_BIND` is not loopback or `ipc://` "
+        "(or `KVGATE_REPLICA_CURVE_KEYS_DIR`)", secret=True,
+    )  # fmt: skip
+    replica_curve_peer_keys: tuple[str, ...] = _setting(
+        (), "KVGATE_REPLICA_CURVE_PEER_KEYS", z85_keys,
+        f"public keys separated by commas, each {KEY_HELP}, at most {MAX_TRUSTED_KEYS - 1}",
+        "public keys of other key pairs trusted besides this replica's own (a key rotation, "
+        "or replicas with pairs of their own)",
+    )  # fmt: skip
+    replica_curve_keys_dir: Path | None = _setting(
+        None, "KVGATE_REPLICA_CURVE_KEYS_DIR", Path, "a directory path",
+        "a mounted Secret holding `secret-key` (and optionally `public-key`, `peer-keys`), "
+        "instead of `KVGATE_REPLICA_CURVE_SECRET_KEY`",
+    )  # fmt: skip
     log_format: str = _setting(
         "text", "KVGATE_LOG_FORMAT", _choice(LOG_FORMATS), _one_of(LOG_FORMATS),
         "`text` (timestamped lines) or `json` (one object per line: `time`, `level`, "
@@ -614,6 +635,31 @@ class Settings:
             raise ConfigError("KVGATE_PORT", self.port, _PORT_HELP)
         if self.admin_port is not None and self.admin_port == self.port:
             raise ConfigError("KVGATE_ADMIN_PORT", self.admin_port, "a port other than KVGATE_PORT")
+        self._check_replica_keys()
+
+    def _check_replica_keys(self) -> None:
+        """A sync channel others can reach needs keys; keys come from one place."""
+        secret, directory = self.replica_curve_secret_key, self.replica_curve_keys_dir
+        keyed = secret is not None or directory is not None
+        if secret is not None and directory is not None:
+            raise ConfigError(
+                "KVGATE_REPLICA_CURVE_KEYS_DIR", str(directory),
+                "unset when KVGATE_REPLICA_CURVE_SECRET_KEY is set (one of them)",
+            )  # fmt: skip
+        if self.replica_curve_peer_keys and not keyed:
+            raise ConfigError(
+                "KVGATE_REPLICA_CURVE_PEER_KEYS", ",".join(self.replica_curve_peer_keys),
+                "unset without this replica's own key (KVGATE_REPLICA_CURVE_SECRET_KEY or "
+                "KVGATE_REPLICA_CURVE_KEYS_DIR)",
+            )  # fmt: skip
+        bind = self.replica_sync_bind
+        if bind is not None and not keyed and not local_endpoint(bind):
+            raise ConfigError(
+                "KVGATE_REPLICA_SYNC_BIND", bind,
+                "a loopback or ipc:// endpoint, or CURVE keys for the channel "
+                "(KVGATE_REPLICA_CURVE_SECRET_KEY or KVGATE_REPLICA_CURVE_KEYS_DIR; "
+                "`kvgate replica-keys` makes them, docs/kubernetes.md)",
+            )  # fmt: skip
 
     @property
     def prefix_routing(self) -> bool:
@@ -793,7 +839,8 @@ def _read(env: Mapping[str, str], declaration: Declaration) -> Any:
         try:
             value = parse(raw.strip())
         except (ValueError, TypeError, KeyError):
-            raise ConfigError(variable, raw, allowed) from None
+            shown = "(hidden)" if declaration.secret else raw
+            raise ConfigError(variable, shown, allowed) from None
         if found is _UNSET:
             found = value
     return found

@@ -14,7 +14,7 @@ from gateway.model_catalog import ModelCatalog
 from gateway.pinning.manager import PinManager
 from gateway.proxy import Upstream
 from gateway.registry import PodRegistry
-from gateway.replicas import ReplicaSync
+from gateway.replication import ReplicaSync
 from gateway.router import Router
 from gateway.settings import Settings
 from indexer import SyncPrefixHashTable

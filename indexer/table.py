@@ -216,6 +216,22 @@ class SyncPrefixHashTable:
         self._expected.compact_if_sparse()
         return refreshed
 
+    def expected_headroom(self, pod: str, context: ModelContext, *, keep: float = 0.0) -> int:
+        """How many new router-side entries `pod` can take in `context` with nothing
+        evicted to make room — no other context, no block of the context, none of the
+        pod's own entries — and `keep` (a fraction) of each of those caps still free."""
+        state = self._state(pod)
+        limits = self._limits
+        share = 1.0 - keep
+        store = self._stores.get(context)
+        if store is None and len(self._stores) + 1 > limits.max_contexts * share:
+            return 0
+        blocks = int(limits.max_prefixes_per_context * share) - (
+            0 if store is None else len(store.held)
+        )
+        entries = int(limits.max_expected_per_pod * share) - len(state.expected)
+        return max(0, min(blocks, entries))
+
     # -- queries --------------------------------------------------------------------------
 
     def prefix_hashes(self, token_ids: Sequence[int]) -> list[int]:

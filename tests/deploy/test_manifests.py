@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from gateway.discovery.kubepods import pod_from_object
+from gateway.replica_keys_cli import SECRET_NAME, secret_manifest
+from gateway.replication.keys import PUBLIC_FILE, SECRET_FILE
 from gateway.settings import Settings
 from tests.deploy.support import (
     CRD_KINDS,
@@ -119,7 +121,7 @@ def test_gateway_deployment_is_replicated_probed_and_locked_down(
     assert "add" not in security["capabilities"]
     # The read-only root leaves /tmp and the snapshot directory as the only writable paths.
     config = find(rendered["base"], "ConfigMap", "kvgate-config")["data"]
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    mounts = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
     assert mounts == {"/tmp", config["KVGATE_SNAPSHOT_DIR"]}
     assert pod["enableServiceLinks"] is False  # no KVGATE_PORT=tcp://... from the Service
 
@@ -376,3 +378,22 @@ def test_replicas_find_each_other_and_only_they_reach_the_sync_port(
     policy = find(objects, "NetworkPolicy", "kvgate")["spec"]
     to_sync = next(rule for rule in policy["ingress"] if rule["ports"][0]["port"] == "sync")
     assert to_sync["from"] == [{"podSelector": {"matchLabels": sync["selector"]}}]
+
+
+def test_replica_keys_come_from_a_required_secret_the_key_command_makes(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Bound on 0.0.0.0, the sync channel needs keys: the ConfigMap points the gateway at a
+    directory where the Secret `kvgate replica-keys --kubernetes` prints is mounted, and the
+    pods do not start without it."""
+    objects = rendered["base"]
+    config = find(objects, "ConfigMap", "kvgate-config")["data"]
+    assert "KVGATE_REPLICA_CURVE_SECRET_KEY" not in config  # a secret: never in a ConfigMap
+    pod = pod_template(objects, "kvgate")["spec"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "replica-keys"]
+    assert mount["mountPath"] == config["KVGATE_REPLICA_CURVE_KEYS_DIR"] and mount["readOnly"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "replica-keys"]
+    made = yaml.safe_load(secret_manifest("s" * 40, "p" * 40, name=SECRET_NAME, namespace="kvgate"))
+    assert volume["secret"]["secretName"] == made["metadata"]["name"] == SECRET_NAME
+    assert volume["secret"]["optional"] is False
+    assert set(made["stringData"]) == {SECRET_FILE, PUBLIC_FILE}

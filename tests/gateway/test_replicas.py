@@ -5,6 +5,7 @@ hostile or broken message is counted and ignored."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,33 @@ import zmq
 import zmq.asyncio
 
 from gateway.errors import ConfigError
-from gateway.replicas import MAX_MESSAGE_BYTES, ReplicaSync
+from gateway.replication import MAX_MESSAGE_BYTES, ReplicaSync
 from gateway.routing import CostModel
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
 from tests.helpers import eventually
+
+
+class EveryPod:
+    """A `Fleet` whose pods (those `pods` accepts) serve every model, each in its own
+    context: a channel tested on its own, without a gateway."""
+
+    def __init__(self, pods: Callable[[str], bool]) -> None:
+        self._pods = pods
+
+    def known_pod(self, pod: str) -> bool:
+        return self._pods(pod)
+
+    def context_of(self, pod: str, model: str, lora: str | None) -> ModelContext | None:
+        return ModelContext(model, lora) if self._pods(pod) else None
+
+    def prompt_ceiling(self, model: str) -> int:
+        return 131_072
+
+    def concurrency(self, pod: str) -> float:
+        return 0.0
+
 
 PROMPT = "the same long system prompt for every question " * 40
 
@@ -162,7 +184,7 @@ def test_a_sync_port_already_taken_stops_start_up_naming_the_setting() -> None:
         endpoint = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
         table = SyncPrefixHashTable(IndexConfig())
         sync = ReplicaSync(bind=endpoint, peers=(), table=table, cost=CostModel(),
-                           known_pod=lambda name: False)  # fmt: skip
+                           fleet=EveryPod(lambda name: False))  # fmt: skip
         try:
             with pytest.raises(ConfigError) as refused:
                 sync.start()
@@ -177,7 +199,7 @@ async def test_a_burst_of_decisions_leaves_in_frames_a_peer_accepts(tmp_path: Pa
     endpoint = f"ipc://{tmp_path}/burst.sync"
     cost = CostModel()
     sync = ReplicaSync(bind=endpoint, peers=(), table=SyncPrefixHashTable(IndexConfig()),
-                       cost=cost, known_pod=lambda name: True)  # fmt: skip
+                       cost=cost, fleet=EveryPod(lambda name: True))  # fmt: skip
     sync.start()
     context = zmq.asyncio.Context()
     peer = context.socket(zmq.SUB)
