@@ -41,22 +41,16 @@ import zmq.asyncio
 
 from gateway.errors import ConfigError
 from gateway.replication import wire
-from gateway.replication.bounds import (
-    PEER_HASHES_PER_S,
-    PEER_MESSAGES_PER_S,
-    PEER_TICKET_TTL_S,
-    Fleet,
-    PeerBounds,
-)
+from gateway.replication.bounds import PEER_TICKET_TTL_S, Fleet, PeerBounds
 from gateway.replication.guard import ChannelGuard
 from gateway.replication.keys import CurveKeys
 from gateway.replication.peers import PeerView, TokenBucket
+from gateway.replication.receiver import PeerReceiver
 from gateway.routing.cost import CostModel, Ticket
 from indexer import ModelContext, SyncPrefixHashTable
 
 logger = logging.getLogger(__name__)
 
-MAX_TICKETS_PER_PEER = 20_000
 RECEIVE_HWM = 256
 """Frames queued per peer connection at most (≤ 64 MiB at `MAX_MESSAGE_BYTES`): beyond it
 ZMQ stops reading that connection, so a flood is bounded in memory."""
@@ -68,8 +62,6 @@ RECEIVE_BYTES_PER_S = 8 * 1024 * 1024
 a core. A busy peer sends well under 1 MiB/s."""
 DRAIN_SLICE_S = 0.01
 """Frames are applied for at most this long before the event loop serves others."""
-PEER_FORGET_S = 60.0
-"""A peer silent for this long is forgotten (its slot freed for another)."""
 
 
 class ReplicaSync:
@@ -96,22 +88,25 @@ class ReplicaSync:
         self.peer_service = peer_service
         self._resolved: set[str] = set()
         """Endpoints connected because the peer service resolved to them."""
-        self._table = table
-        self._cost = cost
-        self._bounds = PeerBounds(fleet, table)
+        self.cost = cost
+        """The cost model the peers' requests are queued in (as remote tickets)."""
         self._keys = keys
         self._heartbeat_s = heartbeat_s
-        self._peer_timeout_s = peer_timeout_s
-        self._ticket_ttl_s = ticket_ttl_s
         self._clock = clock
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.peers: dict[str, PeerView] = {}
+        self._receiver = PeerReceiver(
+            replica=self.replica,
+            table=table,
+            cost=cost,
+            bounds=PeerBounds(fleet, table),
+            max_peers=lambda: 4 * max(1, len(self.peer_endpoints) + len(self._resolved)),
+            peer_timeout_s=peer_timeout_s,
+            ticket_ttl_s=ticket_ttl_s,
+            clock=clock,
+        )
+        self.rejected = self._receiver.rejected
+        """Received messages (or refused connections) ignored, by reason."""
         self.sent: Counter[str] = Counter()
-        self.received: Counter[str] = Counter()
-        self.losses = 0
-        """Times a peer fell silent with requests in flight."""
-        self.expired = 0
-        """Peer requests dropped for age while their peer was live."""
         self.cpu_s = 0.0
         """This thread's CPU spent encoding, sending, receiving and applying messages."""
         self._outbox: list[list[Any]] = []
@@ -119,8 +114,6 @@ class ReplicaSync:
         """What the queued messages will weigh packed, at most."""
         self.dropped = 0
         """Messages not sent (the PUB's high-water mark: a slow peer)."""
-        self.rejected: Counter[str] = Counter()
-        """Received messages (or refused connections) ignored, by reason."""
         self._received_bytes = TokenBucket(RECEIVE_BYTES_PER_S, RECEIVE_BYTES_PER_S, clock)
         self._pub_context = zmq.asyncio.Context()
         self._sub_context = zmq.asyncio.Context()
@@ -131,6 +124,28 @@ class ReplicaSync:
         self._pub: zmq.Socket[bytes] | None = None
         self._subs: list[zmq.asyncio.Socket] = []
         """One per trusted server key (one without keys): each connects to every peer."""
+
+    @property
+    def peers(self) -> dict[str, PeerView]:
+        return self._receiver.peers
+
+    @property
+    def received(self) -> Counter[str]:
+        return self._receiver.received
+
+    @property
+    def losses(self) -> int:
+        """Times a peer fell silent with requests in flight."""
+        return self._receiver.losses
+
+    @property
+    def expired(self) -> int:
+        """Peer requests dropped for age while their peer was live."""
+        return self._receiver.expired
+
+    def receive(self, frame: bytes) -> None:
+        """Apply one peer frame (`PeerReceiver.receive`)."""
+        self._receiver.receive(frame)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -182,7 +197,7 @@ class ReplicaSync:
             now = self._clock()
             if now >= next_beat:
                 self._send(["h"])
-                self._expire_peers(now)
+                self._receiver.expire(now)
                 next_beat = now + self._heartbeat_s
             if self.peer_service is not None and now >= next_lookup:
                 await self._follow_peer_service()
@@ -310,111 +325,6 @@ class ReplicaSync:
                 return
             self.sent.update(body[0] for body in outbox)
 
-    # -- receiving ------------------------------------------------------------------------
-
-    def receive(self, frame: bytes) -> None:
-        """Apply one peer frame (anything malformed or beyond a bound is counted and
-        ignored)."""
-        decoded = wire.decode(frame)
-        if isinstance(decoded, str):
-            self.rejected[decoded] += 1
-            return
-        replica, messages = decoded
-        if replica == self.replica:
-            return
-        peer = self._peer(replica)
-        if peer is None:
-            self.rejected["too_many_peers"] += len(messages)
-            return
-        peer.last_heard = self._clock()
-        if not peer.messages.take(len(messages)):
-            self.rejected["rate_limited"] += len(messages)
-            return
-        for item in messages:
-            if isinstance(item, list) and item and isinstance(item[0], str):
-                self._apply(peer, item[0], item[1:])
-            else:
-                self.rejected["malformed"] += 1
-
-    def _peer(self, replica: str) -> PeerView | None:
-        peer = self.peers.get(replica)
-        if peer is None:
-            if len(self.peers) >= 4 * max(1, len(self.peer_endpoints) + len(self._resolved)):
-                return None
-            clock = self._clock
-            peer = self.peers[replica] = PeerView(
-                replica,
-                messages=TokenBucket(PEER_MESSAGES_PER_S, PEER_MESSAGES_PER_S, clock),
-                hashes=TokenBucket(PEER_HASHES_PER_S, PEER_HASHES_PER_S, clock),
-            )
-            logger.info("replica sync: peer %s is live", replica)
-        return peer
-
-    def _apply(self, peer: PeerView, kind: str, body: list[Any]) -> None:
-        if kind == "h" and not body:
-            self._received(peer, "h")
-        elif kind == "d" and wire.valid_decision(body):
-            self._decision(peer, body)
-        elif kind in ("b", "f") and len(body) == 1 and type(body[0]) is int:
-            ticket = peer.get(body[0]) if kind == "b" else peer.pop(body[0])
-            if ticket is not None:
-                if kind == "b":
-                    self._cost.first_byte(ticket)
-                else:
-                    self._cost.finish(ticket)
-            self._received(peer, kind)
-        else:
-            self.rejected["malformed"] += 1
-
-    def _received(self, peer: PeerView, kind: str) -> None:
-        peer.received[kind] += 1
-        self.received[kind] += 1
-
-    def _decision(self, peer: PeerView, body: list[Any]) -> None:
-        number, pod, model, lora, hashes, own = body
-        bounds = self._bounds
-        context = bounds.context(pod, model, lora, len(hashes))
-        if isinstance(context, str):
-            self.rejected[context] += 1
-            return
-        previous = peer.pop(number)
-        if previous is not None:
-            self._cost.finish(previous)
-        if peer.on_pod(pod) >= bounds.tickets_allowed(pod):
-            self.rejected["excess_load"] += 1
-            return
-        if hashes and not peer.hashes.take(len(hashes)):
-            self.rejected["rate_limited"] += 1
-            return
-        if hashes:
-            self._table.add_prefix(pod, context, hashes)
-        self._received(peer, "d")
-        if len(peer) >= MAX_TICKETS_PER_PEER:  # bounded: the oldest goes
-            oldest = peer.pop_oldest()
-            if oldest is not None:
-                self._cost.finish(oldest)
-        ticket = self._cost.start_remote(pod, bounds.own_tokens(context, float(own)))
-        peer.add(number, ticket, self._clock())
-
-    def _expire_peers(self, now: float) -> None:
-        for replica, peer in list(self.peers.items()):
-            silent = now - peer.last_heard
-            if len(peer) and silent > self._peer_timeout_s:
-                logger.warning(
-                    "replica sync: peer %s silent for %.1f s; dropping its %d requests",
-                    peer.replica, silent, len(peer),
-                )  # fmt: skip
-                for ticket in peer.pop_all():
-                    self._cost.finish(ticket)
-                peer.losses += 1
-                self.losses += 1
-            for ticket in peer.pop_older_than(now - self._ticket_ttl_s):
-                self._cost.finish(ticket)
-                peer.expired += 1
-                self.expired += 1
-            if silent > PEER_FORGET_S:
-                del self.peers[replica]
-
     def view(self) -> dict[str, Any]:
         """For /admin/pods: this replica, its peers and the channel's counters."""
         now = self._clock()
@@ -426,12 +336,11 @@ class ReplicaSync:
                                                  "trusted_keys": len(keys.trusted)},
             "peer_endpoints": list(self.peer_endpoints) + sorted(self._resolved),
             "peer_service": self.peer_service,
-            "peers": [p.as_json(now, self._peer_timeout_s) for p in self.peers.values()],
+            "peers": self._receiver.peers_json(now),
             "sent": dict(self.sent),
             "dropped": self.dropped,
             "rejected": dict(self.rejected),
         }  # fmt: skip
 
     def live_peers(self) -> int:
-        now = self._clock()
-        return sum(now - p.last_heard <= self._peer_timeout_s for p in self.peers.values())
+        return self._receiver.live_peers(self._clock())

@@ -197,7 +197,7 @@ async def test_without_a_trusted_key_nobody_reads_or_feeds_the_channel() -> None
                 await flood()
                 await asyncio.sleep(0.02)
             assert set(a.peers) == {b.replica}  # nothing from the rogues arrived
-            assert a.received["d"] == 0 and a._cost.outstanding("e0") == (0.0, 0, 0)
+            assert a.received["d"] == 0 and a.cost.outstanding("e0") == (0.0, 0, 0)
             assert b.received["h"] >= 1 and a.sent["h"] >= 1
             for reader in readers:  # a's heartbeats went to b, never to them
                 assert not await reader.poll(timeout=200)
@@ -346,11 +346,11 @@ async def test_a_live_peers_requests_expire_all_the_same(tmp_path: Path) -> None
 
             await eventually(beating, what="the rogue heard")
             rogue.send(frame("rogue", *(["d", n, "e0", MODEL, None, [], 500] for n in range(8))))
-            await eventually(lambda: sync._cost.outstanding("e0")[1] == 8, what="load queued")
+            await eventually(lambda: sync.cost.outstanding("e0")[1] == 8, what="load queued")
 
             async def dropped() -> bool:
                 await beating()
-                return sync._cost.outstanding("e0") == (0.0, 0, 0)
+                return sync.cost.outstanding("e0") == (0.0, 0, 0)
 
             await eventually(dropped, what="the requests expired while the peer beats")
             assert sync.expired == 8 and sync.losses == 0 and sync.live_peers() == 1
