@@ -183,8 +183,12 @@ def _parse(raw: Any) -> PodSnapshot:
     groups = tuple(_group(item) for item in _list(raw["groups"]))
     partials = tuple(_partial(item) for item in _list(raw["partials"]))
     created_at = raw["created_at"]
-    if not isinstance(created_at, float | int) or isinstance(created_at, bool):
-        raise SnapshotError("malformed", "created_at is not a number")
+    if (
+        not isinstance(created_at, float | int)
+        or isinstance(created_at, bool)
+        or not 0 <= created_at <= _MAX_U64  # finite, and exact for an int of any size
+    ):
+        raise SnapshotError("malformed", "created_at is not a time")
     return PodSnapshot(
         pod=_str(raw["pod"]),
         model=_str(raw["model"]),

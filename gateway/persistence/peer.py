@@ -16,8 +16,10 @@ import logging
 
 import httpx
 
+from gateway.persistence.metrics import BootstrapMetrics
 from gateway.persistence.snapshots import PEER, SnapshotRestorer
 from gateway.routing import CostModel
+from gateway.routing.cost_state import MAX_EXPORT_BYTES, CostStateError, parse_export
 from indexer import SnapshotError, decode_snapshot
 
 logger = logging.getLogger(__name__)
@@ -97,19 +99,48 @@ async def _load_one(
 
 
 async def cost_model_from_peer(
-    client: httpx.AsyncClient, peer: str, token: str | None, cost: CostModel
+    client: httpx.AsyncClient,
+    peer: str,
+    token: str | None,
+    cost: CostModel,
+    metrics: BootstrapMetrics,
 ) -> int:
     """Start `cost` from the peer's learned models; returns how many were taken. Never
-    fails start-up: an unreachable peer or a malformed answer is logged, nothing taken."""
+    fails start-up: an unreachable peer, or an answer too large, malformed or out of range
+    (`cost_state.py`), is counted and logged in one line, nothing of it taken."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
         async with asyncio.timeout(BOOTSTRAP_TIMEOUT_S):
-            response = await client.get(f"{peer}/admin/cost-model", headers=headers)
-            response.raise_for_status()
-            taken = cost.adopt(response.json())
-    except (httpx.HTTPError, TimeoutError, ValueError) as exc:
-        logger.warning("bootstrap: no cost model from %s (%s: %s); starting from the prior",
-                       peer, type(exc).__name__, exc)  # fmt: skip
-        return 0
+            data = await _read_capped(client, f"{peer}/admin/cost-model", headers)
+        taken = cost.adopt(await asyncio.to_thread(parse_export, data))
+    except CostStateError as exc:
+        return _rejected(metrics, peer, exc.reason, exc.detail)
+    except (httpx.HTTPError, TimeoutError) as exc:
+        return _rejected(metrics, peer, "peer_unavailable", f"{type(exc).__name__}: {exc}")
     logger.info("bootstrap: %d cost models taken from %s", taken, peer)
     return taken
+
+
+async def _read_capped(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> bytes:
+    """The answer's body, read while it streams in; CostStateError beyond the cap (before
+    any more of it is read)."""
+    async with client.stream("GET", url, headers=headers) as response:
+        if response.status_code != 200:
+            raise CostStateError("peer_unavailable", f"HTTP {response.status_code}")
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_EXPORT_BYTES:
+            raise CostStateError("too_large", f"{declared} bytes > {MAX_EXPORT_BYTES}")
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_EXPORT_BYTES:
+                raise CostStateError("too_large", f"over {MAX_EXPORT_BYTES} bytes")
+        return bytes(body)
+
+
+def _rejected(metrics: BootstrapMetrics, peer: str, reason: str, detail: str) -> int:
+    metrics.rejected.labels(reason).inc()
+    detail = " ".join(detail.split())[:200]  # one line, whatever the peer sent
+    logger.warning("bootstrap: cost model from %s refused (%s: %s); starting from the prior",
+                   peer, reason, detail)  # fmt: skip
+    return 0
