@@ -19,6 +19,7 @@ bit-flipped file is detected before anything in it is believed (`SnapshotError`)
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,9 +187,9 @@ def _parse(raw: Any) -> PodSnapshot:
     if (
         not isinstance(created_at, float | int)
         or isinstance(created_at, bool)
-        or not 0 <= created_at <= _MAX_U64  # finite, and exact for an int of any size
+        or (isinstance(created_at, float) and not math.isfinite(created_at))
     ):
-        raise SnapshotError("malformed", "created_at is not a time")
+        raise SnapshotError("malformed", "created_at is not a finite number")
     return PodSnapshot(
         pod=_str(raw["pod"]),
         model=_str(raw["model"]),
