@@ -30,20 +30,18 @@ CHUNK = b" " * (1 << 20)
 
 
 class HostilePeer:
-    """Serves `/admin/cost-model` as the test sets it (`/admin/pods`: none), and counts
+    """Serves `/admin/cost-model` and `/admin/pods` as the test sets them, and counts
     the bytes its streamed answers handed to the connection."""
 
     def __init__(self) -> None:
         self.answer: Callable[[Request], Response] = lambda request: JSONResponse({})
+        self.pods: Callable[[Request], Response] = lambda request: JSONResponse({"pods": []})
         self.sent = 0
         routes = [
             Route("/admin/cost-model", lambda request: self.answer(request)),
-            Route("/admin/pods", self._pods),
+            Route("/admin/pods", lambda request: self.pods(request)),
         ]
         self.server = GatewayServer(Starlette(routes=routes))
-
-    async def _pods(self, request: Request) -> Response:
-        return JSONResponse({"pods": []})
 
     @property
     def url(self) -> str:
@@ -142,6 +140,52 @@ async def test_a_400_mb_cost_model_is_cut_off_at_the_cap(
     # The replica stopped reading at the cap: what the peer got out is that and the
     # sockets' buffers, nowhere near its 400 MB.
     assert peer.sent < MAX_EXPORT_BYTES + 32 * len(CHUNK)
+
+
+Answer = Callable[[HostilePeer, Request], Response]
+PODS: list[tuple[str, Answer, str]] = [
+    ("deep", lambda peer, request: raw("[" * 200_000)(request), "malformed"),
+    ("no list", lambda peer, request: raw('{"pods": 1e400}')(request), "malformed"),
+    ("20 MB", lambda peer, request: peer.stream(request, 20), "too_large"),
+    ("a 404", lambda peer, request: Response("no", status_code=404), "peer_unavailable"),
+]
+
+
+@pytest.mark.parametrize(("case", "answer", "reason"), PODS, ids=[c[0] for c in PODS])
+async def test_a_hostile_pods_list_is_refused_and_counted(
+    start_gateway: StartGateway, peer: HostilePeer, case: str, answer: Answer, reason: str
+) -> None:
+    """The index snapshots' side of the bootstrap: the peer's `/admin/pods` is bounded and
+    checked too (its cost model is fine here, and taken)."""
+    peer.pods = lambda request: answer(peer, request)
+    peer.answer = lambda _: JSONResponse(exported(observations=3))
+    gw = await start_gateway(engines=1, bootstrap_peer=peer.url)
+    value = gw.state.metrics.prometheus.get_sample_value(
+        "kvgate_snapshots_ignored_total", {"reason": reason}
+    )
+    assert value == 1
+    assert gw.state.router.cost.fleet.observations == 3
+
+
+async def test_pods_with_names_of_any_json_type_are_skipped(
+    start_gateway: StartGateway, peer: HostilePeer
+) -> None:
+    """Not asked for (this peer would answer each with a 404, counted)."""
+    names = [{"x": 1}, 7, None, "", "p" * 254, ["a"]]
+    listed = {"pods": [{"name": name, "subscriber": {}} for name in names]}
+    peer.pods = lambda _: JSONResponse(listed)
+    gw = await start_gateway(engines=1, bootstrap_peer=peer.url)
+    registry = gw.state.metrics.prometheus
+    assert registry.get_sample_value("kvgate_snapshots_ignored_total",
+                                     {"reason": "peer_unavailable"}) is None  # fmt: skip
+    listed["pods"].append({"name": "real", "subscriber": {}})  # and the control: one asked
+    again = await start_gateway(engines=1, bootstrap_peer=peer.url)
+    assert (
+        again.state.metrics.prometheus.get_sample_value(
+            "kvgate_snapshots_ignored_total", {"reason": "peer_unavailable"}
+        )
+        == 1
+    )
 
 
 def _peak_rss_bytes(pid: int) -> int:
