@@ -37,6 +37,7 @@ from gateway.local_tokenizer import LocalTokenizers
 from gateway.metrics import GatewayMetrics
 from gateway.model_catalog import ModelCatalog
 from gateway.persistence import (
+    BootstrapMetrics,
     SnapshotRestorer,
     cost_model_from_peer,
     restore_snapshots,
@@ -193,9 +194,10 @@ async def _start(
         settings.cost_params(),
         pure_python=settings.index.pure_python,
     )
+    bootstrap_metrics = BootstrapMetrics(metrics.prometheus)
     if settings.bootstrap_peer is not None:  # the fresher view: before any file's
         await cost_model_from_peer(
-            control_client, settings.bootstrap_peer, settings.admin_token, cost
+            control_client, settings.bootstrap_peer, settings.admin_token, cost, bootstrap_metrics
         )
     subscribers: SubscriberManager | None = None
     restorer: SnapshotRestorer | None = None

@@ -33,6 +33,7 @@ Lower layers raise their own errors, mapped to these where they meet a request:
 
 from __future__ import annotations
 
+import reprlib
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
@@ -201,7 +202,24 @@ class ConfigError(ValueError):
     allowed."""
 
     def __init__(self, variable: str, value: object, allowed: str) -> None:
-        super().__init__(f"{variable}={value!r} is invalid: expected {allowed}")
+        # One line of bounded length, whatever the value (a file nested 10 000 deep, a
+        # parser's multi-line message).
+        shown = _VALUE.repr(value).replace("\n", " ").replace("\r", " ")
+        super().__init__(f"{_one_line(variable)}={shown} is invalid: expected {_one_line(allowed)}")
         self.variable = variable
         self.value = value
         self.allowed = allowed
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:500]
+
+
+def _value_repr() -> reprlib.Repr:
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxstring, shown.maxother = 3, 400, 400
+    shown.maxlist = shown.maxdict = shown.maxtuple = 8
+    return shown
+
+
+_VALUE = _value_repr()

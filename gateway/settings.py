@@ -7,14 +7,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from gateway.config_files import read_document
 from gateway.errors import ConfigError
 from gateway.replication.keys import KEY_HELP, MAX_TRUSTED_KEYS, local_endpoint, z85_key, z85_keys
 from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE, CostParams
@@ -69,16 +67,30 @@ def _bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+_MAX_INT = 2**31 - 1
+"""Every integer setting's bound (a C int: what CPython's GC threshold takes; no count,
+size or limit of the gateway's comes near it)."""
+_POSITIVE_INT_HELP = f"an integer in 1..{_MAX_INT}"
+_NON_NEGATIVE_INT_HELP = f"an integer in 0..{_MAX_INT}"
+
+
 def _positive_int(raw: str) -> int:
     value = _integer(raw)
-    if value <= 0:
+    if not 0 < value <= _MAX_INT:
         raise ValueError(raw)
     return value
 
 
 def _non_negative_int(raw: str) -> int:
     value = _integer(raw)
-    if value < 0:
+    if not 0 <= value <= _MAX_INT:
+        raise ValueError(raw)
+    return value
+
+
+def _retries(raw: str) -> int:
+    value = _integer(raw)
+    if not 0 <= value <= 10:
         raise ValueError(raw)
     return value
 
@@ -141,7 +153,10 @@ def _header(raw: str) -> str:
     return raw.lower()
 
 
-_DURATION_HELP = "a positive duration: seconds (2.5) or Go-style (500ms, 30s, 1m30s, 2h)"
+_MAX_DURATION_S = 7 * 24 * 3600.0
+"""Every duration's bound (7 days): every timeout, interval and lease stays a finite time
+the event loop can wait for."""
+_DURATION_HELP = "a duration in (0, 7 days]: seconds (2.5) or Go-style (500ms, 30s, 1m30s, 2h)"
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
           "h": 3600.0}  # fmt: skip
 _GO_TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
@@ -157,7 +172,7 @@ def _duration(raw: str) -> float:
         if not terms or "".join(match.group(0) for match in terms) != raw:
             raise ValueError(raw)
         value = sum(float(match.group(1)) * _UNITS[match.group(2)] for match in terms)
-    if value <= 0:
+    if not 0 < value <= _MAX_DURATION_S:  # inf and nan too ("9" * 400 is inf)
         raise ValueError(raw)
     return value
 
@@ -223,22 +238,25 @@ def _integer(raw: str) -> int:
     return int(raw)
 
 
-def _positive_number(raw: str) -> float:
-    value = float(raw)
-    if not 0 < value < float("inf"):
-        raise ValueError(raw)
-    return value
+def _number_in(low: float, high: float, *, above: bool = False) -> Callable[[str], float]:
+    """A parser of a finite number in [low, high] ((low, high] when `above`)."""
+
+    def parse(raw: str) -> float:
+        value = float(raw)
+        if not ((low < value) if above else (low <= value)) or not value <= high:
+            raise ValueError(raw)  # nan and inf too
+        return value
+
+    return parse
 
 
-def _non_negative_number(raw: str) -> float:
-    value = float(raw)
-    if not 0 <= value < float("inf"):
-        raise ValueError(raw)
-    return value
+_seconds = _number_in(0.0, _MAX_DURATION_S, above=True)
+_SECONDS_HELP = "a number of seconds in (0, 604800] (7 days)"
+_minutes_only = _number_in(0.0, _MAX_DURATION_S / 60.0, above=True)
 
 
 def _minutes(raw: str) -> float:
-    return _positive_number(raw) * 60.0
+    return _minutes_only(raw) * 60.0
 
 
 def _hash_seed(raw: str) -> int:
@@ -360,14 +378,15 @@ class Settings:
         "429 + `Retry-After` when no pod is predicted to meet a request's `x-slo-ttft-ms`",
     )  # fmt: skip
     cost_prior_scale: float = _setting(
-        1.0, "KVGATE_COST_PRIOR_SCALE", _positive_number, "a number > 0",
+        1.0, "KVGATE_COST_PRIOR_SCALE", _number_in(0.0, 1000.0, above=True),
+        "a number in (0, 1000]",
         "how many times slower than the cost model's prior (a 14B model on one GPU) this "
         "fleet answers: the TTFT model starts from its prior times this and learns the rest "
         "from the pods' answers ([docs/routing.md](docs/routing.md))",
     )  # fmt: skip
     cost_context_share: float = _setting(
-        CALIBRATED_CONTEXT_SHARE, "KVGATE_COST_CONTEXT_SHARE", _non_negative_number,
-        "a number >= 0",
+        CALIBRATED_CONTEXT_SHARE, "KVGATE_COST_CONTEXT_SHARE", _number_in(0.0, 0.01),
+        "a number in [0, 0.01]",
         "how much more a prompt token costs to prefill per token of context before it (the "
         "attention over it): the cost model counts a request with C tokens cached and N to "
         "compute as N + share · ((C + N)² − C²) tokens of work. The default is a 14B model's "
@@ -375,7 +394,7 @@ class Settings:
         "([docs/routing.md](docs/routing.md))",
     )  # fmt: skip
     hot_spot_margin: int = _setting(
-        16, "KVGATE_HOT_SPOT_MARGIN", _positive_int, "an integer > 0",
+        16, "KVGATE_HOT_SPOT_MARGIN", _positive_int, _POSITIVE_INT_HELP,
         "`prefix-share`: a pod with this many more requests in flight than the least loaded "
         "candidate is not chosen for its cache",
         aliases=(Alias("AIBRIX_PREFIX_CACHE_POD_RUNNING_REQUEST_IMBALANCE_ABS_COUNT"),
@@ -437,11 +456,11 @@ class Settings:
         "one tokenization call", aliases=(Alias("AIBRIX_TOKENIZER_REQUEST_TIMEOUT"),),
     )  # fmt: skip
     tokenizer_max_retries: int = _setting(
-        1, "AIBRIX_REMOTE_TOKENIZER_MAX_RETRIES", _non_negative_int, "an integer >= 0",
+        1, "AIBRIX_REMOTE_TOKENIZER_MAX_RETRIES", _retries, "an integer in 0..10",
         "retries of a failed tokenization (then the request is routed on load)",
     )  # fmt: skip
     tokenizer_cache_size: int = _setting(
-        4096, "KVGATE_TOKENIZER_CACHE_SIZE", _non_negative_int, "an integer >= 0",
+        4096, "KVGATE_TOKENIZER_CACHE_SIZE", _non_negative_int, _NON_NEGATIVE_INT_HELP,
         "LRU entries keyed by (model, exact content)",
     )  # fmt: skip
     index: IndexConfig = field(default_factory=IndexConfig)
@@ -456,16 +475,16 @@ class Settings:
         secret=True,
     )  # fmt: skip
     max_body_bytes: int = _setting(
-        16 * 1024 * 1024, "KVGATE_MAX_BODY_BYTES", _positive_int, "an integer > 0",
+        16 * 1024 * 1024, "KVGATE_MAX_BODY_BYTES", _positive_int, _POSITIVE_INT_HELP,
         "413 beyond it", shown=_bytes_text,
     )  # fmt: skip
     max_concurrent_requests: int = _setting(
-        1024, "KVGATE_MAX_CONCURRENT_REQUESTS", _positive_int, "an integer > 0",
+        1024, "KVGATE_MAX_CONCURRENT_REQUESTS", _positive_int, _POSITIVE_INT_HELP,
         "requests in progress (not probes, `/metrics`), from a complete body to the answer's "
         "last byte; 429 + `Retry-After` beyond it",
     )  # fmt: skip
     max_bodies_per_client: int = _setting(
-        64, "KVGATE_MAX_BODIES_PER_CLIENT", _positive_int, "an integer > 0",
+        64, "KVGATE_MAX_BODIES_PER_CLIENT", _positive_int, _POSITIVE_INT_HELP,
         "request bodies per client address still arriving 1 s after their headers (a "
         "body complete within that second never counts; slow senders hold no request "
         "slot); 429 beyond it",
@@ -477,11 +496,11 @@ class Settings:
         "`Forwarded`); unset: the TCP peer's address, headers ignored",
     )  # fmt: skip
     max_prompt_tokens: int | None = _setting(
-        None, "KVGATE_MAX_PROMPT_TOKENS", _positive_int, "an integer > 0",
+        None, "KVGATE_MAX_PROMPT_TOKENS", _positive_int, _POSITIVE_INT_HELP,
         "400 beyond it (checked when the prompt was tokenized); unset: no limit",
     )  # fmt: skip
     max_header_bytes: int = _setting(
-        32 * 1024, "KVGATE_MAX_HEADER_BYTES", _positive_int, "an integer > 0",
+        32 * 1024, "KVGATE_MAX_HEADER_BYTES", _positive_int, _POSITIVE_INT_HELP,
         "URL + headers; 431 beyond it", shown=_bytes_text,
     )  # fmt: skip
     body_timeout_s: float = _setting(
@@ -505,7 +524,7 @@ class Settings:
         "after this (streams cut, waiting requests fail over)",
     )  # fmt: skip
     max_connections_per_pod: int = _setting(
-        256, "KVGATE_MAX_CONNECTIONS_PER_POD", _positive_int, "an integer > 0",
+        256, "KVGATE_MAX_CONNECTIONS_PER_POD", _positive_int, _POSITIVE_INT_HELP,
         "kept-alive connections per pod",
     )  # fmt: skip
     scrape_interval_s: float = _setting(
@@ -513,7 +532,7 @@ class Settings:
         "engine `/metrics` scrape period (load and health)",
     )  # fmt: skip
     unhealthy_after: int = _setting(
-        3, "KVGATE_UNHEALTHY_AFTER", _positive_int, "an integer > 0",
+        3, "KVGATE_UNHEALTHY_AFTER", _positive_int, _POSITIVE_INT_HELP,
         "consecutive failed scrapes that mark a pod unhealthy",
     )  # fmt: skip
     drain_timeout_s: float = _setting(
@@ -522,7 +541,7 @@ class Settings:
     )  # fmt: skip
     gc_gen0_threshold: int = _setting(
         DEFAULT_GC_GEN0_THRESHOLD, "KVGATE_GC_GEN0_THRESHOLD", _non_negative_int,
-        "an integer >= 0", "CPython's generation-0 GC threshold (`gateway/runtime.py`); 0 "
+        _NON_NEGATIVE_INT_HELP, "CPython's generation-0 GC threshold (`gateway/runtime.py`); 0 "
         "keeps CPython's default",
     )  # fmt: skip
     pin_budget_fraction: float = _setting(
@@ -538,11 +557,11 @@ class Settings:
         "longest lease a pin may ask for (a longer `ttl` is refused with a 400)",
     )  # fmt: skip
     pin_max_leases: int = _setting(
-        1024, "KVGATE_PIN_MAX_LEASES", _positive_int, "an integer > 0",
+        1024, "KVGATE_PIN_MAX_LEASES", _positive_int, _POSITIVE_INT_HELP,
         "live pin leases in total (beyond it: 409 `lease_cap`)",
     )  # fmt: skip
     pin_max_leases_per_pod: int = _setting(
-        128, "KVGATE_PIN_MAX_LEASES_PER_POD", _positive_int, "an integer > 0",
+        128, "KVGATE_PIN_MAX_LEASES_PER_POD", _positive_int, _POSITIVE_INT_HELP,
         "live pin leases per pod (beyond it: 409 `lease_cap`)",
     )  # fmt: skip
     pin_interval_s: float = _setting(
@@ -558,7 +577,7 @@ class Settings:
         10.0, "KVGATE_SNAPSHOT_INTERVAL_S", _duration, _DURATION_HELP, "snapshot period"
     )
     snapshot_max_bytes: int = _setting(
-        64 * 1024 * 1024, "KVGATE_SNAPSHOT_MAX_BYTES", _positive_int, "an integer > 0",
+        64 * 1024 * 1024, "KVGATE_SNAPSHOT_MAX_BYTES", _positive_int, _POSITIVE_INT_HELP,
         "a pod's snapshot larger than this is neither written nor read", shown=_bytes_text,
     )  # fmt: skip
     bootstrap_peer: str | None = _setting(
@@ -705,7 +724,7 @@ class Settings:
 
 INDEX_SETTINGS: tuple[tuple[str, Declaration], ...] = (
     ("block_size", Declaration(
-        "AIBRIX_PREFIX_CACHE_BLOCK_SIZE", _positive_int, "a positive integer number of tokens",
+        "AIBRIX_PREFIX_CACHE_BLOCK_SIZE", _positive_int, _POSITIVE_INT_HELP + " (tokens)",
         "gateway block size in tokens")),
     ("hash_seed", Declaration(
         "KVGATE_HASH_SEED", _hash_seed, "an unsigned 64-bit integer (decimal or 0x hex)",
@@ -717,25 +736,26 @@ INDEX_SETTINGS: tuple[tuple[str, Declaration], ...] = (
         "(`indexer/_native.c`, built by the install where a C compiler is found); unset: "
         "compiled when built")),
     ("limits.max_contexts", Declaration(
-        "AIBRIX_SYNC_MAX_CONTEXTS", _positive_int, "a positive integer",
+        "AIBRIX_SYNC_MAX_CONTEXTS", _positive_int, _POSITIVE_INT_HELP,
         "(model, LoRA) contexts; the least recently used goes")),
     ("limits.max_prefixes_per_context", Declaration(
-        "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT", _positive_int, "a positive integer",
+        "AIBRIX_SYNC_MAX_PREFIXES_PER_CONTEXT", _positive_int, _POSITIVE_INT_HELP,
         "blocks per context; the least recently used 10 % are trimmed when crossed")),
     ("limits.eviction_interval_s", Declaration(
-        "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS", _positive_number, "a positive number of seconds",
+        "AIBRIX_SYNC_EVICTION_INTERVAL_SECONDS", _seconds, _SECONDS_HELP,
         "how often the eviction pass runs")),
     ("limits.eviction_duration_s", Declaration(
-        "AIBRIX_SYNC_EVICTION_DURATION_MINUTES", _minutes, "a positive number of minutes",
+        "AIBRIX_SYNC_EVICTION_DURATION_MINUTES", _minutes,
+        "a number of minutes in (0, 10080] (7 days)",
         "lifetime of router-side entries of pods without events", shown=_minutes_text)),
     ("limits.max_blocks_per_pod", Declaration(
-        "KVGATE_INDEX_MAX_BLOCKS_PER_POD", _positive_int, "a positive integer",
+        "KVGATE_INDEX_MAX_BLOCKS_PER_POD", _positive_int, _POSITIVE_INT_HELP,
         "engine blocks per pod; further stores are refused and counted")),
     ("limits.max_expected_per_pod", Declaration(
-        "KVGATE_INDEX_MAX_EXPECTED_PER_POD", _positive_int, "a positive integer",
+        "KVGATE_INDEX_MAX_EXPECTED_PER_POD", _positive_int, _POSITIVE_INT_HELP,
         "router-side entries per pod; the oldest go first")),
     ("limits.expected_ttl_s", Declaration(
-        "KVGATE_INDEX_EXPECTED_TTL_SECONDS", _positive_number, "a positive number of seconds",
+        "KVGATE_INDEX_EXPECTED_TTL_SECONDS", _seconds, _SECONDS_HELP,
         "lifetime of an unconfirmed router-side entry")),
 )  # fmt: skip
 """The index's settings: the field of `IndexConfig` (or of its `limits`) each one sets.
@@ -794,15 +814,10 @@ def read_config_file(path: Path) -> dict[str, str]:
     (`KVGATE_PORT = 8080`). Values become the strings the environment would hold; a name no
     setting reads, a nested table or an unreadable file is a ConfigError naming it."""
     where = f"--config {path}"
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(where, str(path), f"a readable file ({exc})") from None
-    try:
-        yaml_file = path.suffix in (".yaml", ".yml")
-        data = (yaml.safe_load(raw) or {}) if yaml_file else tomllib.loads(raw)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(where, str(path), f"valid TOML or YAML ({exc})") from None
+    kind = "yaml" if path.suffix in (".yaml", ".yml") else "toml"
+    data = read_document(path, where, kind=kind)
+    if data is None:  # an empty YAML file
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(where, type(data).__name__, "a table of settings")
     known = set(setting_names())

@@ -92,5 +92,7 @@ def _meaning(declaration: Declaration) -> str:
     also = f" (AIBrix: {named})" if any(a.startswith("AIBRIX_") for a in aliases) else (
         f" (also read from {named})" if aliases else ""
     )  # fmt: skip
-    allowed = "a duration" if "Go-style" in declaration.allowed else declaration.allowed
+    allowed = (
+        "a duration, at most 7 days" if "Go-style" in declaration.allowed else declaration.allowed
+    )
     return f"{declaration.meaning}{also}; {allowed}".replace("|", "\\|")

@@ -19,6 +19,7 @@ bit-flipped file is detected before anything in it is believed (`SnapshotError`)
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,8 +184,12 @@ def _parse(raw: Any) -> PodSnapshot:
     groups = tuple(_group(item) for item in _list(raw["groups"]))
     partials = tuple(_partial(item) for item in _list(raw["partials"]))
     created_at = raw["created_at"]
-    if not isinstance(created_at, float | int) or isinstance(created_at, bool):
-        raise SnapshotError("malformed", "created_at is not a number")
+    if (
+        not isinstance(created_at, float | int)
+        or isinstance(created_at, bool)
+        or (isinstance(created_at, float) and not math.isfinite(created_at))
+    ):
+        raise SnapshotError("malformed", "created_at is not a finite number")
     return PodSnapshot(
         pod=_str(raw["pod"]),
         model=_str(raw["model"]),

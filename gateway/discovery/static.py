@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import tomllib
 from pathlib import Path
-from typing import Any
 
+from gateway.config_files import MAX_PODS_FILE_BYTES, read_document
 from gateway.discovery.base import DiscoveryEvents, PodListener, sync_pods
 from gateway.discovery.pods import Pod, parse_pods
 from gateway.errors import ConfigError
@@ -19,17 +17,10 @@ logger = logging.getLogger(__name__)
 
 
 def load_pods_file(path: Path) -> list[Pod]:
-    """Read and validate a pods file; ConfigError names the file and what is wrong."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(str(path), exc.strerror, "a readable pods file") from None
-    try:
-        document: Any = tomllib.loads(raw.decode()) if path.suffix == ".toml" else json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), str(exc), "valid JSON (or TOML for .toml files)") from None
-    except RecursionError:  # both parsers recurse per nesting level
-        raise ConfigError(str(path), "nested too deeply", "valid JSON (or TOML)") from None
+    """Read and validate a pods file (bounded: `gateway/config_files.py`); ConfigError
+    names the file and what is wrong."""
+    kind = "toml" if path.suffix == ".toml" else "json"
+    document = read_document(path, str(path), kind=kind, max_bytes=MAX_PODS_FILE_BYTES)
     return parse_pods(document, source=str(path))
 
 

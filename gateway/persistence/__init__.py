@@ -2,12 +2,13 @@
 
 from gateway.persistence.files import SnapshotDir, file_name
 from gateway.persistence.lifecycle import restore_snapshots, snapshot_writer
-from gateway.persistence.metrics import SnapshotMetrics
+from gateway.persistence.metrics import BootstrapMetrics, SnapshotMetrics
 from gateway.persistence.peer import bootstrap_from_peer, cost_model_from_peer
 from gateway.persistence.snapshots import SnapshotRestorer, capture_pod
 from gateway.persistence.writer import SnapshotWriter
 
 __all__ = [
+    "BootstrapMetrics",
     "SnapshotDir",
     "SnapshotMetrics",
     "SnapshotRestorer",

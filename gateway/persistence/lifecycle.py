@@ -18,6 +18,7 @@ from gateway.persistence.snapshots import SnapshotRestorer, capture_pod
 from gateway.persistence.writer import SnapshotWriter
 from gateway.registry import PodRegistry
 from gateway.routing import CostModel
+from gateway.routing.cost_state import MAX_EXPORT_BYTES, CostStateError, parse_export
 from gateway.settings import Settings
 from indexer import SyncPrefixHashTable
 from subscriber import SubscriberManager
@@ -40,12 +41,12 @@ async def restore_snapshots(
         directory = SnapshotDir(settings.snapshot_dir)
         try:
             await restorer.load_dir(directory, settings.snapshot_max_bytes)
-            found = await asyncio.to_thread(directory.read_cost_model, settings.snapshot_max_bytes)
+            found = await asyncio.to_thread(directory.read_cost_model, MAX_EXPORT_BYTES)
         except OSError as exc:  # the directory itself: a configuration error, said once
             allowed = f"a directory the gateway can create and read ({exc.strerror})"
             raise ConfigError("KVGATE_SNAPSHOT_DIR", str(directory.path), allowed) from None
         if found is not None:
-            _restore_cost_model(cost, found, restorer.metrics)
+            await _restore_cost_model(cost, found, restorer.metrics)
     if settings.bootstrap_peer is not None:
         await bootstrap_from_peer(
             client,
@@ -57,17 +58,19 @@ async def restore_snapshots(
     return restorer
 
 
-def _restore_cost_model(cost: CostModel, found: SnapshotFile, metrics: SnapshotMetrics) -> None:
+async def _restore_cost_model(
+    cost: CostModel, found: SnapshotFile, metrics: SnapshotMetrics
+) -> None:
+    """Checked like a peer's (`cost_state.py`): a file of another version, shape or range
+    gives nothing. What a peer gave is kept."""
     try:
-        exported = json.loads(found.data) if found.data is not None else None
-    except ValueError:  # UnicodeDecodeError included
-        exported = None
-    if exported is None:
-        metrics.ignored.labels(found.error or "malformed").inc()
-        logger.warning("cost model file %s not used (%s)", found.path, found.error or "malformed")
+        if found.data is None:
+            raise CostStateError(found.error or "unreadable", "not read")
+        taken = cost.adopt(await asyncio.to_thread(parse_export, found.data))
+    except CostStateError as exc:
+        metrics.ignored.labels(exc.reason).inc()
+        logger.warning("cost model file %s not used (%s: %s)", found.path, exc.reason, exc.detail)
         return
-    # What a peer gave is kept; a file of another version or shape gives nothing.
-    taken = cost.adopt(exported)
     logger.info("cost model file %s: %d parts taken (the fleet's model and pods' speeds)",
                 found.path, taken)  # fmt: skip
 

@@ -1,8 +1,10 @@
-"""Metrics of index snapshots (on the gateway's injected registry)."""
+"""Metrics of index snapshots and of a peer bootstrap (on the gateway's injected registry)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
+
+from gateway.routing.cost_state import REASONS
 
 
 class SnapshotMetrics:
@@ -16,9 +18,9 @@ class SnapshotMetrics:
         self.ignored = Counter(
             "kvgate_snapshots_ignored",
             "Snapshots not used, by reason: a bad file (truncated, bad_magic, checksum, "
-            "malformed, unsupported_version, too_large, unreadable), another engine or "
-            "configuration (model_mismatch, endpoint_mismatch, config_mismatch), or a peer "
-            "that could not give one (peer_unavailable)",
+            "malformed, non_finite, out_of_range, unsupported_version, too_large, unreadable), "
+            "another engine or configuration (model_mismatch, endpoint_mismatch, "
+            "config_mismatch), or a peer that could not give one (peer_unavailable)",
             ["reason"],
             registry=registry,
         )
@@ -28,3 +30,17 @@ class SnapshotMetrics:
             ["outcome"],
             registry=registry,
         )
+
+
+class BootstrapMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.rejected = Counter(
+            "kvgate_bootstrap_rejected",
+            "A bootstrap peer's cost model not taken (the replica starts from the prior), by "
+            "reason: peer_unavailable, too_large, malformed, non_finite, out_of_range, "
+            "unsupported_version",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REASONS:
+            self.rejected.labels(reason)

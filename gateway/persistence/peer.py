@@ -12,12 +12,22 @@ meanwhile (a replica killed under load: TTFT p90 +60 % in the replacement's firs
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from typing import Any
 
 import httpx
 
+from gateway.persistence.metrics import BootstrapMetrics
 from gateway.persistence.snapshots import PEER, SnapshotRestorer
 from gateway.routing import CostModel
+from gateway.routing.cost_state import (
+    MAX_EXPORT_BYTES,
+    MAX_POD_NAME,
+    MAX_PODS,
+    CostStateError,
+    parse_export,
+)
 from indexer import SnapshotError, decode_snapshot
 
 logger = logging.getLogger(__name__)
@@ -25,8 +35,17 @@ logger = logging.getLogger(__name__)
 BOOTSTRAP_TIMEOUT_S = 30.0
 
 
-class _TooLarge(Exception):
-    pass
+MAX_PODS_LIST_BYTES = 16 * 1024 * 1024
+"""Cap of the peer's `/admin/pods` (a pods file's: a few KB a pod at most)."""
+
+
+class _Refused(Exception):
+    """A peer's answer not used: `reason` as the snapshot and bootstrap counters say."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
 
 
 async def bootstrap_from_peer(
@@ -38,26 +57,51 @@ async def bootstrap_from_peer(
     max_bytes: int,
 ) -> int:
     """Load the peer's snapshot of every pod it subscribes to; returns how many loaded.
-    Never fails start-up: an unreachable peer is logged and counted."""
+    Never fails start-up: an unreachable peer, or a pods list too large or malformed, is
+    logged and counted."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
         async with asyncio.timeout(BOOTSTRAP_TIMEOUT_S):
-            response = await client.get(f"{peer}/admin/pods", headers=headers)
-            response.raise_for_status()
-            names = [
-                pod["name"]
-                for pod in response.json()["pods"]
-                if isinstance(pod, dict) and pod.get("subscriber") is not None
-            ]
+            url = f"{peer}/admin/pods"
+            data = await _read_capped(client, url, headers, MAX_PODS_LIST_BYTES)
+            names = _subscribed(await asyncio.to_thread(_json, data))
             loaded = 0
             for name in names:
                 if await _load_one(client, peer, headers, name, restorer, max_bytes):
                     loaded += 1
-    except (httpx.HTTPError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+    except _Refused as exc:
+        restorer.ignore(exc.reason, f"pods list from {peer} ({exc.detail})")
+        return 0
+    except (httpx.HTTPError, TimeoutError) as exc:
         restorer.ignore("peer_unavailable", f"from {peer} ({type(exc).__name__}: {exc})")
         return 0
     logger.info("bootstrap: %d of %d pods' snapshots taken from %s", loaded, len(names), peer)
     return loaded
+
+
+def _json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise _Refused("malformed", "JSON nested too deeply") from None
+    except ValueError as exc:
+        raise _Refused("malformed", f"not JSON ({str(exc)[:100]})") from None
+
+
+def _subscribed(document: Any) -> list[str]:
+    """The names of the pods the peer subscribes to, in its `/admin/pods` answer."""
+    pods = document.get("pods") if isinstance(document, dict) else None
+    if not isinstance(pods, list):
+        raise _Refused("malformed", "no list of pods")
+    names = [
+        pod["name"]
+        for pod in pods
+        if isinstance(pod, dict)
+        and pod.get("subscriber") is not None
+        and isinstance(pod.get("name"), str)
+        and 0 < len(pod["name"]) <= MAX_POD_NAME
+    ]
+    return names[:MAX_PODS]
 
 
 async def _load_one(
@@ -70,22 +114,12 @@ async def _load_one(
 ) -> bool:
     url = f"{peer}/admin/snapshot"
     try:
-        async with client.stream("GET", url, params={"pod": name}, headers=headers) as response:
-            if response.status_code != 200:
-                restorer.ignore("peer_unavailable", f"of pod {name}: HTTP {response.status_code}")
-                return False
-            chunks: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise _TooLarge
-                chunks.append(chunk)
-    except _TooLarge:
-        restorer.ignore("too_large", f"of pod {name} from {peer}")
+        data = await _read_capped(client, url, headers, max_bytes, params={"pod": name})
+    except _Refused as exc:
+        restorer.ignore(exc.reason, f"of pod {name} from {peer} ({exc.detail})")
         return False
     try:
-        snapshot = await asyncio.to_thread(decode_snapshot, b"".join(chunks), max_bytes=max_bytes)
+        snapshot = await asyncio.to_thread(decode_snapshot, data, max_bytes=max_bytes)
     except SnapshotError as exc:
         restorer.ignore(exc.reason, f"of pod {name} from {peer}: {exc.detail}")
         return False
@@ -97,19 +131,56 @@ async def _load_one(
 
 
 async def cost_model_from_peer(
-    client: httpx.AsyncClient, peer: str, token: str | None, cost: CostModel
+    client: httpx.AsyncClient,
+    peer: str,
+    token: str | None,
+    cost: CostModel,
+    metrics: BootstrapMetrics,
 ) -> int:
     """Start `cost` from the peer's learned models; returns how many were taken. Never
-    fails start-up: an unreachable peer or a malformed answer is logged, nothing taken."""
+    fails start-up: an unreachable peer, or an answer too large, malformed or out of range
+    (`cost_state.py`), is counted and logged in one line, nothing of it taken."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
         async with asyncio.timeout(BOOTSTRAP_TIMEOUT_S):
-            response = await client.get(f"{peer}/admin/cost-model", headers=headers)
-            response.raise_for_status()
-            taken = cost.adopt(response.json())
-    except (httpx.HTTPError, TimeoutError, ValueError) as exc:
-        logger.warning("bootstrap: no cost model from %s (%s: %s); starting from the prior",
-                       peer, type(exc).__name__, exc)  # fmt: skip
-        return 0
+            url = f"{peer}/admin/cost-model"
+            data = await _read_capped(client, url, headers, MAX_EXPORT_BYTES)
+        taken = cost.adopt(await asyncio.to_thread(parse_export, data))
+    except (CostStateError, _Refused) as exc:
+        return _rejected(metrics, peer, exc.reason, exc.detail)
+    except (httpx.HTTPError, TimeoutError) as exc:
+        return _rejected(metrics, peer, "peer_unavailable", f"{type(exc).__name__}: {exc}")
     logger.info("bootstrap: %d cost models taken from %s", taken, peer)
     return taken
+
+
+async def _read_capped(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    max_bytes: int,
+    *,
+    params: dict[str, str] | None = None,
+) -> bytes:
+    """The answer's body, read while it streams in; `_Refused` for a status other than
+    200 and beyond `max_bytes` (before any more of it is read)."""
+    async with client.stream("GET", url, headers=headers, params=params) as response:
+        if response.status_code != 200:
+            raise _Refused("peer_unavailable", f"HTTP {response.status_code}")
+        declared = response.headers.get("content-length", "")
+        if declared.isascii() and declared.isdigit() and int(declared[:20]) > max_bytes:
+            raise _Refused("too_large", f"{declared[:20]} bytes > {max_bytes}")
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                raise _Refused("too_large", f"over {max_bytes} bytes")
+        return bytes(body)
+
+
+def _rejected(metrics: BootstrapMetrics, peer: str, reason: str, detail: str) -> int:
+    metrics.rejected.labels(reason).inc()
+    detail = " ".join(detail.split())[:200]  # one line, whatever the peer sent
+    logger.warning("bootstrap: cost model from %s refused (%s: %s); starting from the prior",
+                   peer, reason, detail)  # fmt: skip
+    return 0

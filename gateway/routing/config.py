@@ -15,15 +15,21 @@ stops start-up with a ConfigError naming the file, profile, plugin and parameter
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
+from gateway.config_files import read_document
 from gateway.errors import ConfigError
-from gateway.routing.plugins import FILTERS, PICKERS, PREFERENCES, SCORERS, Params, PluginContext
+from gateway.routing.plugins import (
+    FILTERS,
+    MAX_WEIGHT,
+    PICKERS,
+    PREFERENCES,
+    SCORERS,
+    Params,
+    PluginContext,
+)
 from gateway.routing.profile import PluginTimer, RoutingProfile, Weighted
 
 T = TypeVar("T")
@@ -32,19 +38,11 @@ _PROFILE_KEYS = ("filters", "scorers", "picker", "prefer")
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """A routing config file (`.toml`, `.yaml` / `.yml`, else by content), parsed."""
+    """A routing config file (`.yaml` / `.yml`, else TOML), parsed; bounded in size and
+    nesting (`gateway/config_files.py`)."""
     variable = "KVGATE_ROUTING_CONFIG"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(variable, str(path), f"a readable UTF-8 file ({exc})") from None
-    try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            data = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(variable, str(path), f"valid TOML or YAML ({exc})") from None
+    kind = "yaml" if path.suffix.lower() in (".yaml", ".yml") else "toml"
+    data = read_document(path, variable, kind=kind)
     if not isinstance(data, dict):
         raise ConfigError(variable, str(path), "a table with a `profiles` table")
     return data
@@ -97,7 +95,7 @@ def build_profiles(
         scorers = []
         for i, p in enumerate(spec["scorers"]):
             params = _params(p, f"{where}.scorers[{i}]")
-            weight = params.number("weight", 1.0)
+            weight = params.number("weight", 1.0, high=MAX_WEIGHT)
             scorers.append(Weighted(_built(SCORERS[p["type"]], params, ctx), weight))
         profiles[name] = RoutingProfile(
             name,

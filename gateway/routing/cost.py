@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from gateway.routing.cost_state import EXPORT_VERSION, MAX_PODS, check_export
 from gateway.routing.kernels import SEQ_UNIT as _SEQ_UNIT
 from gateway.routing.kernels import TOKEN_UNIT as _TOKEN_UNIT
 from gateway.routing.kernels import Kernels, arrivals, delays
@@ -57,9 +58,6 @@ from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed
 
 __all__ = ["FEATURES", "CostModel", "CostParams", "Prediction", "Ticket"]
 
-_EXPORT_VERSION = 2
-"""2: one fleet model and a speed per pod (1 was a full model per pod: refused)."""
-_MAX_PODS = 4096
 _STALE_S = 10.0
 """An idle pod with no answer for this long is `stale`: the picker probes it now and then."""
 _STEP_GAP_S = 0.002
@@ -613,7 +611,7 @@ class CostModel:
         """The learned model and each answered pod's speed (`/admin/cost-model`), for a new
         replica to start from (`KVGATE_BOOTSTRAP_PEER`)."""
         return {
-            "version": _EXPORT_VERSION,
+            "version": EXPORT_VERSION,
             "fleet": self.fleet.state(),
             "speeds": {
                 name: {"log": work.speed.log, "observations": work.speed.observations}
@@ -623,22 +621,20 @@ class CostModel:
         }
 
     def adopt(self, exported: Any) -> int:
-        """Start from another gateway's `export()`: the fleet's model (unless this one has
-        learned its own), and the speed of each pod this one has not heard from yet;
-        returns how many were taken. Anything malformed is ignored."""
-        if not isinstance(exported, dict) or exported.get("version") != _EXPORT_VERSION:
-            return 0
-        taken = int(not self.fleet.observations and self.fleet.adopt(exported.get("fleet")))
-        speeds = exported.get("speeds")
-        if isinstance(speeds, dict):
-            for name, state in list(speeds.items())[:_MAX_PODS]:
-                if not isinstance(name, str) or not 0 < len(name) <= 512:
-                    continue
-                speed = _speed_from(state)
-                work = self._work(name)
-                if speed is not None and work.speed is None:
-                    self._set_speed(work, speed)
-                    taken += 1
+        """Start from another gateway's `export()` (parsed JSON): the fleet's model (unless
+        this one has learned its own), and the speed of each pod this one has not heard
+        from yet; returns how many were taken. A peer's answer is checked, never trusted:
+        anything malformed or out of range raises `CostStateError` and nothing is taken."""
+        checked = check_export(exported, features=len(FEATURES), max_trace=self.fleet.max_trace)
+        taken = 0
+        if not self.fleet.observations:
+            self.fleet.adopt(checked.fleet)
+            taken += 1
+        for name, (log, observations) in checked.speeds.items():
+            work = self._work(name)
+            if work.speed is None:
+                self._set_speed(work, PodSpeed(log, observations))
+                taken += 1
         return taken
 
     def now(self) -> float:
@@ -906,7 +902,7 @@ class CostModel:
     def _work(self, pod: str) -> _PodWork:
         work = self._pods.get(pod)
         if work is None:
-            if len(self._pods) >= _MAX_PODS:  # pods come and go: stay bounded
+            if len(self._pods) >= MAX_PODS:  # pods come and go: stay bounded
                 for name in list(self._pods):
                     self._drop(name)
             work = self._pods[pod] = _PodWork(pod, seen_at=self._clock())
@@ -956,17 +952,3 @@ class CostModel:
 def _decayed(count: float, age_s: float, window_s: float) -> float:
     """A count that decays with time constant `window_s`, `age_s` after it was last set."""
     return count * math.exp(-age_s / window_s) if count else 0.0
-
-
-def _speed_from(state: Any) -> PodSpeed | None:
-    """A peer's exported pod speed, checked."""
-    if not isinstance(state, dict):
-        return None
-    try:
-        log = float(state["log"])
-        observations = int(state["observations"])
-    except (TypeError, KeyError, ValueError):
-        return None
-    if not math.isfinite(log) or abs(log) > 10.0 or observations < 1:
-        return None
-    return PodSpeed(log, observations)

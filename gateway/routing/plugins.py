@@ -34,6 +34,12 @@ from gateway.routing.profile import Preference
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
 from indexer import Tier
 
+MAX_WEIGHT = 1000.0
+"""A scorer's weight is at most this: a profile's total (weight × a score in [0, 1], summed
+over its scorers) stays a small finite number whatever the config says."""
+MAX_INTEGER = 2**31 - 1
+"""Every integer parameter's bound (as the settings')."""
+
 
 @dataclass(frozen=True, slots=True)
 class PluginContext:
@@ -57,19 +63,18 @@ class Params:
         self._where = where
         self._given = dict(given)
 
-    def number(
-        self, name: str, default: float, *, low: float = 0.0, high: float = float("inf")
-    ) -> float:
+    def number(self, name: str, default: float, *, low: float = 0.0, high: float) -> float:
+        """A finite number in [low, high] (nan, inf and 1e308 beyond `high` refused)."""
         value = self._given.pop(name, default)
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if not numeric or not low <= value <= high:
-            raise ConfigError(f"{self._where}.{name}", value, f"a number in [{low}, {high}]")
+        if not numeric or not low <= value <= high:  # nan too; exact for ints of any size
+            raise ConfigError(f"{self._where}.{name}", value, f"a number in [{low:g}, {high:g}]")
         return float(value)
 
-    def integer(self, name: str, default: int, *, low: int = 0) -> int:
+    def integer(self, name: str, default: int, *, low: int = 0, high: int = MAX_INTEGER) -> int:
         value = self._given.pop(name, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{self._where}.{name}", value, f"an integer >= {low}")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigError(f"{self._where}.{name}", value, f"an integer in {low}..{high}")
         return value
 
     def flag(self, name: str, default: bool) -> bool:
@@ -114,7 +119,7 @@ def _prefix(params: Params, ctx: PluginContext) -> Scorer:
 
 
 def _load(params: Params, ctx: PluginContext) -> Scorer:
-    return LoadScorer(params.number("scale", 2.0, low=1e-9), ctx.load)
+    return LoadScorer(params.number("scale", 2.0, low=1e-9, high=1e9), ctx.load)
 
 
 def _kv_usage(params: Params, ctx: PluginContext) -> Scorer:
@@ -144,7 +149,8 @@ def _session(params: Params, ctx: PluginContext) -> Picker:
         if fallback == "max-score"
         else MinPredictedTtftPicker(ctx.cost, ctx.block_size, ctx.rng, shed=ctx.slo_shed)
     )
-    return SessionPicker(inner, max_sessions=params.integer("max_sessions", 100_000, low=1))
+    sessions = params.integer("max_sessions", 100_000, low=1, high=10_000_000)
+    return SessionPicker(inner, max_sessions=sessions)
 
 
 def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:

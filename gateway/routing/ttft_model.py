@@ -15,7 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.routing.cost_state import FleetState
 
 FEATURES = (
     "base",
@@ -41,6 +44,18 @@ DEFAULT_PRIOR = (0.020, 0.111, 0.020, 0.005, 0.025, 1.0, 0.05)
 # 8B, ~2e-5 for a 70B (`KVGATE_COST_CONTEXT_SHARE`).
 CALIBRATED_CONTEXT_SHARE = 4.3e-5
 _MAX_TRACE_FACTOR = 10.0
+
+# The state's physical ranges, kept by learning and checked in a peer's export
+# (`cost_state.py`): with them every prediction stays a finite number of seconds.
+MAX_COEFFICIENT = 1000.0
+"""A coefficient's bound, in seconds per feature unit (the prior's largest is 1: no engine
+takes 1000 s per thousand tokens, ten requests or one step)."""
+MAX_SECONDS = 1e6
+"""Bound of the running typical TTFT and residual scale (s): beyond any wait the gateway
+allows (its durations stop at 7 days)."""
+MAX_LOG_SPEED = 10.0
+"""A pod's log-speed stays within ±10 (22 000 times slower or faster than the fleet)."""
+MAX_OBSERVATIONS = 2**53
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,35 +131,18 @@ class TtftModel:
             "observations": self.observations,
         }
 
-    def adopt(self, state: Any) -> bool:
-        """Continue from another gateway's `state()`; False (nothing changed) for anything
-        malformed: a peer's answer is checked, never trusted."""
-        n = len(self.theta)
-        try:
-            theta = [float(v) for v in state["theta"]]
-            p = [[float(v) for v in row] for row in state["p"]]
-            scale = float(state["residual_scale"])
-            reference = float(state["reference"])
-            observations = int(state["observations"])
-        except (TypeError, KeyError, ValueError):
-            return False
-        values = [*theta, *(v for row in p for v in row), scale, reference]
-        if (
-            len(theta) != n
-            or len(p) != n
-            or any(len(row) != n for row in p)
-            or not all(math.isfinite(v) for v in values)
-            or min(theta) < 0.0
-            or scale < 0.0
-            or reference < 0.0
-            or observations < 0
-            or sum(p[i][i] for i in range(n)) > self._max_trace
-        ):
-            return False
-        self.theta, self._p = theta, p
-        self.coefficients = tuple(theta)
-        self.residual_scale, self.reference, self.observations = scale, reference, observations
-        return True
+    def adopt(self, state: FleetState) -> None:
+        """Continue from another gateway's `state()`, checked (`cost_state.check_export`)."""
+        self.theta = list(state.theta)
+        self._p = [list(row) for row in state.p]
+        self.coefficients = tuple(self.theta)
+        self.residual_scale, self.reference = state.residual_scale, state.reference
+        self.observations = state.observations
+
+    @property
+    def max_trace(self) -> float:
+        """The bound learning keeps the covariance's trace to."""
+        return self._max_trace
 
     @property
     def covariance_trace(self) -> float:
@@ -156,6 +154,8 @@ class TtftModel:
 
     def learn(self, x: tuple[float, ...], observed: float) -> None:
         if observed <= 0.0:
+            return
+        if not observed <= MAX_SECONDS:  # nan too
             return
         self.reference = observed if self.reference <= 0.0 else (
             0.98 * self.reference + 0.02 * observed
@@ -180,7 +180,8 @@ class TtftModel:
         free = [True] * n
         px, gain = _gain(p, x, free, lam / weight)
         # More work never costs less: coefficients stay >= 0, each clipped at 0.
-        clipped = [max(0.0, theta[i] + gain[i] * residual) for i in range(n)]
+        clipped = [min(MAX_COEFFICIENT, max(0.0, theta[i] + gain[i] * residual))
+                   for i in range(n)]  # fmt: skip
         moved = sum((clipped[i] - theta[i]) * x[i] for i in range(n))
         if moved * residual >= 0.0:
             theta[:] = clipped
@@ -199,7 +200,7 @@ class TtftModel:
                     theta[i] = 0.0
                 _, step = _gain(p, x, free, lam / weight)
             for i in range(n):
-                theta[i] += step[i] * error
+                theta[i] = min(MAX_COEFFICIENT, theta[i] + step[i] * error)
         self.coefficients = tuple(theta)
         for i in range(n):
             gi = gain[i]
@@ -217,9 +218,9 @@ class TtftModel:
         # The scale follows |residual| within the bound; an outlier only widens it by 5 %, so
         # rare stalls cannot inflate it, while a lasting change widens it within ~20 answers.
         if abs(residual) <= bound:
-            self.residual_scale = 0.95 * scale + 0.05 * abs(residual)
+            self.residual_scale = min(MAX_SECONDS, 0.95 * scale + 0.05 * abs(residual))
         else:
-            self.residual_scale = 1.05 * scale
+            self.residual_scale = min(MAX_SECONDS, 1.05 * scale)
         self.observations += 1
 
 
@@ -256,4 +257,5 @@ class PodSpeed:
         pull = min(bound, max(-bound, math.log(observed / fleet_predicted) - self.log))
         self.observations += 1
         self.log += pull * max(params.speed_rate, 1.0 / (self.observations + 1))
+        self.log = min(MAX_LOG_SPEED, max(-MAX_LOG_SPEED, self.log))
         self.factor = math.exp(self.log)

@@ -23,7 +23,9 @@ from gateway.routing import (
     predict_all,
 )
 from gateway.routing.cost import CostParams, Ticket
+from gateway.routing.cost_state import CostStateError, parse_export
 from gateway.routing.predicted import cached_tokens
+from gateway.routing.ttft_model import MAX_COEFFICIENT, MAX_LOG_SPEED, PodSpeed
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
 
 MODEL = "m"
@@ -103,24 +105,80 @@ def test_a_new_replica_continues_from_a_peers_models_and_refuses_bad_ones() -> N
         return {**exported, "fleet": {**exported["fleet"], **changes}, "speeds": {}}
 
     def bad_speed(state: object) -> dict[str, object]:
-        return {**exported, "fleet": None, "speeds": {"p": state}}
+        return {**exported, "speeds": {"p": state}}
 
-    for bad in (
-        corrupt(theta=[1.0, 2.0]),  # the wrong size
-        corrupt(theta=[0.1, float("nan")] + [0.0] * (n - 2)),
-        corrupt(theta=[0.1, -1.0] + [0.0] * (n - 2)),
-        corrupt(p=[[1e12] * n] * n),  # a covariance no model of ours can reach
-        corrupt(observations="many"),
-        corrupt(reference=-1.0),
-        bad_speed({"log": "fast", "observations": 3}),
-        bad_speed({"log": 1e9, "observations": 3}),
-        bad_speed({"log": 0.1, "observations": 0}),  # a speed nothing was learned from
-        bad_speed([0.1, 3]),
-        {**exported, "version": 1},  # a full model per pod: the earlier format
-        {**exported, "version": 99},
-        "not a model",
+    one = {"log": 0.0, "observations": 1}
+
+    for bad, reason in (
+        (corrupt(theta=[1.0, 2.0]), "malformed"),  # the wrong size
+        (corrupt(theta=[0.1, float("nan")] + [0.0] * (n - 2)), "non_finite"),
+        (corrupt(theta=[0.1, -1.0] + [0.0] * (n - 2)), "out_of_range"),
+        (corrupt(theta=[0.1, 1e300] + [0.0] * (n - 2)), "out_of_range"),  # no engine is so slow
+        (corrupt(theta=[0.1, 10**400] + [0.0] * (n - 2)), "out_of_range"),
+        (corrupt(p=[[1e12] * n] * n), "out_of_range"),  # a covariance no model can reach
+        (corrupt(p=[[1e-3] * n] * (n - 1)), "malformed"),
+        (corrupt(observations="many"), "malformed"),
+        (corrupt(observations=1e20), "malformed"),  # a count is an integer
+        (corrupt(observations=10**400), "out_of_range"),
+        (corrupt(reference=-1.0), "out_of_range"),
+        (corrupt(residual_scale=True), "malformed"),
+        ({**exported, "fleet": None}, "malformed"),
+        (bad_speed({"log": "fast", "observations": 3}), "malformed"),
+        (bad_speed({"log": 1e9, "observations": 3}), "out_of_range"),
+        (bad_speed({"log": 0.1, "observations": 0}), "out_of_range"),  # nothing learned
+        (bad_speed([0.1, 3]), "malformed"),
+        ({**exported, "speeds": {"x" * 254: {"log": 0.1, "observations": 3}}}, "malformed"),
+        ({**exported, "speeds": dict.fromkeys(map(str, range(4097)), one)}, "too_large"),
+        ({**exported, "version": 1}, "unsupported_version"),  # a model per pod: the earlier
+        ({**exported, "version": 99}, "unsupported_version"),
+        ("not a model", "malformed"),
     ):
-        assert CostModel(clock=clock).adopt(bad) == 0, bad
+        model = CostModel(clock=clock)
+        before = model.export()
+        with pytest.raises(CostStateError) as caught:
+            model.adopt(bad)
+        assert caught.value.reason == reason, (bad, caught.value)
+        assert model.export() == before  # nothing taken, not even the part that was good
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b'{"version": 2, "fleet": {"observations": 1e400}}', "non_finite"),
+        (b'{"version": 2, "fleet": {"reference": NaN}}', "non_finite"),
+        (b'{"version": 2, "fleet": {"reference": -Infinity}}', "non_finite"),
+        (b"[" * 100_000, "malformed"),  # nested beyond the parser's recursion
+        (b'{"version": 2, "fleet": {"observations": 1' + b"0" * 5000 + b"}}", "malformed"),
+        (b"\xff{}", "malformed"),
+        (b"{}" + b" " * (4 * 1024 * 1024), "too_large"),
+    ],
+)
+def test_an_export_s_json_is_refused_with_its_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(CostStateError) as caught:
+        parse_export(data)
+    assert caught.value.reason == reason
+    assert "\n" not in str(caught.value)
+
+
+def test_learning_keeps_the_ranges_a_peer_s_export_is_held_to() -> None:
+    """Whatever the answers, the model's state stays where `check_export` accepts it (a
+    replica's export is always another's valid bootstrap)."""
+    clock = Clock()
+    cost = CostModel(clock=clock)
+    for tokens, ttft in [(1, 5e5), (100_000, 1e-3), (1, 9e5), (50, 3e5)] * 30:
+        ticket = cost.start(cost.predict("p", tokens, 0.0), streamed=True, prompt_tokens=tokens)
+        clock.now += ttft
+        cost.first_byte(ticket)
+        cost.finish(ticket)
+    for _ in range(300):  # a base term of 9e5 s: beyond any physical engine's
+        cost.fleet.learn((1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 9e5)
+    assert cost.fleet.coefficients[0] == MAX_COEFFICIENT
+    exported = json.loads(json.dumps(cost.export(), allow_nan=False))
+    assert CostModel(clock=clock).adopt(exported) == 2
+    speed = PodSpeed()
+    for _ in range(3000):
+        speed.learn(1e9, 1e-6, CostParams())
+    assert speed.log == MAX_LOG_SPEED
 
 
 def test_a_new_pod_starts_from_the_fleets_model() -> None:

@@ -514,7 +514,7 @@ async def test_serve_refuses_invalid_configuration(tmp_path: Path) -> None:
     assert "pods[0].url" in stderr.decode() and "ftp://x" in stderr.decode()
     cases = {
         "AIBRIX_REMOTE_TOKENIZER_TIMEOUT": ("forever", "Go-style"),
-        "AIBRIX_SYNC_MAX_CONTEXTS": ("-5", "positive integer"),
+        "AIBRIX_SYNC_MAX_CONTEXTS": ("-5", "an integer in 1..2147483647"),
         "KVGATE_DEFAULT_POLICY": ("fastest", "prefix-cache"),
         "KVGATE_TIER_WEIGHTS": ("GPU=2", "TIER=WEIGHT"),
     }

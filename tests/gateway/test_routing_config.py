@@ -84,6 +84,22 @@ def test_a_config_adds_profiles_and_replaces_builtins(tmp_path: Path) -> None:
         ('[profiles.x]\nscorers = ["load"]\n', "picker"),
         ('[profiles.x]\npicker = "random"\nfliters = []\n', "fliters"),
         ("[profiles.x\n", "TOML"),
+        ('[profiles.x]\nscorers = [{ type = "load", weight = inf }]\npicker = "max-score"\n',
+         "weight=inf"),
+        ('[profiles.x]\nscorers = [{ type = "load", weight = 1e308 }]\npicker = "max-score"\n',
+         "weight=1e+308"),
+        ('[profiles.x]\nscorers = [{ type = "load", weight = nan }]\npicker = "max-score"\n',
+         "weight=nan"),
+        ('[profiles.x]\nscorers = [{ type = "load", weight = 1001 }]\npicker = "max-score"\n',
+         "[0, 1000]"),
+        ('[profiles.x]\nscorers = [{ type = "load", scale = inf }]\npicker = "max-score"\n',
+         "scale=inf"),
+        ('[profiles.x]\npicker = { type = "session", max_sessions = 1_000_000_000_000 }\n',
+         "max_sessions"),
+        ('[profiles.x]\npicker = { type = "min-predicted-ttft", chunk_tokens = 9e99 }\n',
+         "chunk_tokens"),
+        ('[profiles.x]\nfilters = [{ type = "hot-spot-guard", margin = 4294967296 }]\n'
+         'picker = "random"\n', "margin"),
     ],
 )  # fmt: skip
 def test_a_bad_config_names_what_is_wrong(tmp_path: Path, text: str, named: str) -> None:
@@ -92,6 +108,53 @@ def test_a_bad_config_names_what_is_wrong(tmp_path: Path, text: str, named: str)
     with pytest.raises(ConfigError) as refused:
         build_policies(Settings(routing_config=path), random.Random(0))
     assert named in str(refused.value)
+
+
+@pytest.mark.parametrize("weight", [".inf", "1e308", ".nan", "-1"])
+def test_a_yaml_config_s_bad_weight_is_refused(tmp_path: Path, weight: str) -> None:
+    path = tmp_path / "routing.yaml"
+    path.write_text(f"profiles:\n  x:\n    scorers: [{{type: load, weight: {weight}}}]\n"
+                    "    picker: max-score\n")  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        build_policies(Settings(routing_config=path), random.Random(0))
+    assert "profile x.scorers[0] (load).weight=" in str(refused.value)
+    assert "a number in [0, 1000]" in str(refused.value)
+
+
+async def test_match_answers_with_every_value_at_its_bound(
+    start_gateway: StartGateway, tmp_path: Path
+) -> None:
+    """The largest weights and parameters a config may hold: /admin/match still answers
+    finite scores (no inf to serialize, no 500)."""
+    path = tmp_path / "routing.toml"
+    path.write_text(
+        "[profiles.heavy]\n"
+        'filters = ["routable", { type = "hot-spot-guard", margin = 2147483647 }]\n'
+        'scorers = [{ type = "prefix", weight = 1000, gpu_weight = 1, cpu_weight = 1 },'
+        ' { type = "load", weight = 1000, scale = 1e-9 },'
+        ' { type = "kv-usage", weight = 1000 }, { type = "predicted-ttft", weight = 1000 }]\n'
+        'picker = { type = "session", max_sessions = 10000000 }\n'
+        "[profiles.slow]\n"
+        'picker = { type = "min-predicted-ttft", tie_tolerance = 10, affinity_tolerance = 10,'
+        " prefill_weight = 100, delay_weight = 100, arrival_weight = 100, probe_rate = 1,"
+        " placement_tolerance = 10, placement_load_tolerance = 10, tpot_tolerance = 10,"
+        " chunk_tokens = 2147483647 }\n"
+    )
+    gw = await start_gateway(engines=2, routing_config=path, default_policy="heavy",
+                             cost_prior_scale=1000.0)  # fmt: skip
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 50}]}
+    async with gw.client() as client:  # load on the pods, then a match per profile
+        for _ in range(3):
+            sent = await client.post("/v1/chat/completions", json={**body, "max_tokens": 2})
+            assert sent.status_code == 200
+    async with gw.admin() as admin:
+        for policy in ("heavy", "slow"):
+            answer = await admin.post(
+                "/admin/match", json=body, headers={"x-kvgate-policy": policy}
+            )
+            assert answer.status_code == 200, answer.text
+            for pod in answer.json()["pods"].values():
+                assert pod["score"] is None or 0.0 <= pod["score"] <= 4000.0
 
 
 def test_an_unknown_default_policy_is_refused(tmp_path: Path) -> None:

@@ -72,6 +72,16 @@ def test_a_snapshot_round_trips(snapshot: PodSnapshot) -> None:
     assert decode_snapshot(encode_snapshot(snapshot)) == snapshot
 
 
+@settings(max_examples=20, deadline=None)
+@given(snapshot=snapshots, created_at=st.sampled_from([float("nan"), float("inf"), -1e400]))
+def test_a_creation_time_that_is_not_finite_is_refused(
+    snapshot: PodSnapshot, created_at: float
+) -> None:
+    with pytest.raises(SnapshotError) as caught:
+        decode_snapshot(encode_snapshot(dataclasses.replace(snapshot, created_at=created_at)))
+    assert caught.value.reason == "malformed"
+
+
 @given(snapshots, st.data())
 def test_a_truncated_file_is_detected(snapshot: PodSnapshot, data: st.DataObject) -> None:
     raw = encode_snapshot(snapshot)

@@ -3,7 +3,9 @@ traceback — for the settings, the pods file parser and `kvgate serve` itself."
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -57,13 +59,27 @@ def test_the_variables_were_found() -> None:
             "KVGATE_HASH_SEED"} <= set(VARIABLES)  # fmt: skip
 
 
+def numbers(settings: Settings) -> list[float]:
+    """Every numeric value the settings hold (the index's and its limits' included)."""
+    found = []
+    for holder in (settings, settings.index, settings.index.limits):
+        for spec in dataclasses.fields(holder):
+            value = getattr(holder, spec.name)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                found.append(float(value))
+    found += [float(weight) for weight in settings.tier_weights.values()]
+    return found
+
+
 @FUZZ
 @given(variable=st.sampled_from(VARIABLES), raw=HOSTILE_VALUES)
 def test_any_environment_value_loads_or_names_its_variable(variable: str, raw: str) -> None:
     try:
-        Settings.load({variable: raw})
+        settings = Settings.load({variable: raw})
     except ConfigError as error:
         assert_one_clear_line(error, variable)
+    else:  # what loads is finite and within its declared range ("9" * 400 is no duration)
+        assert all(math.isfinite(value) and abs(value) < 2**64 for value in numbers(settings))
 
 
 @pytest.mark.parametrize(
@@ -219,3 +235,53 @@ def test_kvgate_serve_stops_with_one_line_naming_the_field(
     assert len(lines) == 1, lines
     assert named in lines[0]
     assert lines[0].startswith("kvgate serve: invalid configuration:")
+
+
+ROUTING = '[profiles.x]\nscorers = [{{ type = "load", weight = {weight} }}]\npicker = "max-score"\n'
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "named"),
+    [
+        ("routing.toml", ROUTING.format(weight="inf"), "weight=inf"),
+        ("routing.toml", ROUTING.format(weight="1e308"), "weight=1e+308"),
+        ("routing.toml", ROUTING.format(weight="nan"), "weight=nan"),
+        ("routing.toml", "a = " + "[" * 100_000, "KVGATE_ROUTING_CONFIG"),
+        ("routing.yaml", "[" * 500_000, "KVGATE_ROUTING_CONFIG"),
+        ("routing.yaml", "profiles:\n" + "".join("  " * i + "x:\n" for i in range(1, 400)),
+         "KVGATE_ROUTING_CONFIG"),
+    ],
+)  # fmt: skip
+def test_kvgate_serve_refuses_a_hostile_routing_config_in_one_line(
+    tmp_path: Path, name: str, text: str, named: str
+) -> None:
+    config = tmp_path / name
+    config.write_text(text)
+    code, lines = serve(tmp_path, json.dumps([GOOD_POD]).encode(),
+                        KVGATE_ROUTING_CONFIG=str(config))  # fmt: skip
+    assert code == 2
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("kvgate serve: invalid configuration:")
+    assert named in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("settings.yaml", "- " * 200_000 + "x"), ("settings.toml", "a = " + "{b = " * 50_000)],
+)
+def test_kvgate_serve_refuses_a_deep_settings_file_in_one_line(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    settings_file = tmp_path / name
+    settings_file.write_text(text)
+    pods = tmp_path / "pods.json"
+    pods.write_text(json.dumps([GOOD_POD]))
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "serve", "--pods", str(pods), "--port", "1",
+         "--config", str(settings_file)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2
+    assert len(lines) == 1, lines
+    assert "--config" in lines[0] and "nested at most 32 levels" in lines[0]
