@@ -212,6 +212,7 @@ async def _start(
     registry = PodRegistry(
         table=table,
         subscribers=subscribers,
+        on_pod=lambda pod: metrics.known_pod(pod, settings.default_policy),
         chat_tokenizer=settings.use_remote_tokenizer
         and (
             settings.tokenizer != "remote"

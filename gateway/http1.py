@@ -175,6 +175,9 @@ class Exchange:
         self._header_timer: asyncio.TimerHandle | None = None
         self.complete = False
         self.keep_alive = False
+        self.on_release: Callable[[Exchange], None] | None = None
+        """Hears of the exchange's end (`release`, which every exchange reaches once): who
+        keeps a book of exchanges in progress takes it out there."""
 
     # -- httptools callbacks (inside feed) ------------------------------------------------
     def on_message_begin(self) -> None:
@@ -251,11 +254,14 @@ class Exchange:
         else:
             self._fail(ResponseBroken("the connection closed in the middle of the answer"))
 
-    def break_off(self, reason: str) -> None:
+    def break_off(self, reason: str) -> bool:
         """End an exchange still in progress as broken (its pod is gone): a waiter for the
-        headers or the next chunk gets ResponseBroken. A finished exchange is left alone."""
-        if not self.complete and not self._released:
-            self._fail(ResponseBroken(reason))
+        headers or the next chunk gets ResponseBroken. A finished exchange is left alone.
+        True when it was broken off (it was in progress, and its caller will see the error)."""
+        if self.complete or self._released or self._error is not None:
+            return False
+        self._fail(ResponseBroken(reason))
+        return True
 
     def abort(self, reason: str = "aborted") -> None:
         """End the exchange now (from any task): close the connection, wake any waiter."""
@@ -361,6 +367,9 @@ class Exchange:
         if self._released:
             return
         self._released = True
+        if self.on_release is not None:
+            self.on_release(self)
+            self.on_release = None
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None

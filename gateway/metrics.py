@@ -2,6 +2,12 @@
 
 Request-path metrics are updated as requests flow; fleet state (pods, subscribers, index)
 is read when Prometheus scrapes, by a collector, so it costs nothing between scrapes.
+
+Every counter series whose labels are known in advance is exported at 0 before its first
+increment: enumerated labels (reasons, outcomes, kinds) from the start, a pod's or a
+model's series as soon as discovery reports the pod (`known_pod`). A series that first
+appears at 5 gives `rate()` and `increase()` nothing to compare its first burst with, so
+that burst would never show on a dashboard nor fire an alert.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.discovery import Pod
+from gateway.errors import GatewayError
 from gateway.histograms import HistogramSeries, LabelledHistogram
 from gateway.registry import PodRegistry
 from gateway.routing.cost import FEATURES, CostModel
 from gateway.version import version
 from indexer import SyncPrefixHashTable
-from subscriber import RejectCounter
+from subscriber import DECODE_REASONS, RESET_CAUSES, RejectCounter
 
 _LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -45,6 +53,27 @@ _TPOT_ERROR_BUCKETS = (
 )  # fmt: skip
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+_GATEWAY_STATUSES = ("200", "502", "504", "cut", "client_disconnect")
+"""Statuses of `kvgate_requests_total` / outcomes of `kvgate_upstream_attempts_total`
+exported at 0 per pod: success and every end the gateway itself gives an answer (an
+engine's own 4xx/5xx appear with their first occurrence)."""
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "status_5xx", "midstream")
+TOKEN_SOURCES = ("engine", "gateway")
+SLO_OUTCOMES = ("predicted_met", "predicted_missed", "observed_met", "observed_missed", "shed")
+PIN_OPS = ("pin", "unpin")
+PIN_OUTCOMES = ("ok", "error")
+PIN_REFUSALS = ("budget", "no_pin_support", "unknown_capacity", "no_kv_events")
+DEGRADED_ROUTING_REASONS = ("tokenizer",)
+
+
+def _error_names(root: type[GatewayError] = GatewayError) -> list[str]:
+    """`kvgate_requests_rejected_total{reason}`: the gateway's error classes by name."""
+    names = []
+    for error in root.__subclasses__():
+        names += [error.__name__, *_error_names(error)]
+    return names
 
 
 _Metric = TypeVar("_Metric", Counter, Gauge)
@@ -100,12 +129,15 @@ class GatewayMetrics:
             ["task"],
             registry=registry,
         )
-        self.dead_pod_cuts = Counter(
-            "kvgate_dead_pod_cuts",
-            "Requests in flight cut because their pod left discovery or failed its health "
-            "checks for longer than KVGATE_DEAD_POD_GRACE",
-            ["pod"],
-            registry=registry,
+        self.dead_pod_cuts = Children(
+            Counter(
+                "kvgate_dead_pod_cuts",
+                "Requests in flight cut because their pod left discovery or failed its health "
+                "checks for longer than KVGATE_DEAD_POD_GRACE (each a client that saw its "
+                "answer break off, or its request fail over)",
+                ["pod"],
+                registry=registry,
+            )
         )
         self.attempts = Children(
             Counter(
@@ -218,7 +250,6 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
-        self.degraded_routing.labels("tokenizer")
         self.inflight = Children(
             Gauge(
                 "kvgate_inflight_requests",
@@ -339,6 +370,48 @@ class GatewayMetrics:
             ["reason"],
             registry=registry,
         )
+        self._at_zero()
+
+    def _at_zero(self) -> None:
+        """Every series of an enumerated label, at 0 from the start."""
+        for reason in _error_names():
+            self.rejected.labels(reason)
+        for outcome in SLO_OUTCOMES:
+            self.slo.labels(outcome)
+            self.slo_tpot.labels(outcome)
+        for reason in DEGRADED_ROUTING_REASONS:
+            self.degraded_routing.labels(reason)
+        for op in PIN_OPS:
+            for outcome in PIN_OUTCOMES:
+                self.pin_calls.labels(op, outcome)
+        for reason in PIN_REFUSALS:
+            self.pin_refusals.labels(reason)
+
+    def known_pod(self, pod: Pod, policy: str) -> None:
+        """`pod` is known (discovery reported it; again at each update): its series and its
+        models' series, at 0 until their first increment. Requests are exported at 0 under
+        the default `policy`; a policy a request names appears with its first request."""
+        name = pod.name
+        self.dead_pod_cuts.labels(name)
+        self.retries.labels(name)
+        self.inflight.labels(name)
+        self.ttft.labels(name)
+        self.prediction_error.labels(name)
+        self.tpot_prediction_error.labels(name)
+        for kind in UPSTREAM_ERROR_KINDS:
+            self.upstream_errors.labels(name, kind)
+        for outcome in _GATEWAY_STATUSES:
+            self.attempts.labels(name, outcome)
+        for model in (pod.model, *pod.loras):
+            for status in _GATEWAY_STATUSES:
+                self.requests.labels(model, name, policy, status)
+            self.prompt_blocks.labels(model)
+            self.matched_blocks.labels(model)
+            self.model_ttft.labels(model)
+            self.model_duration.labels(model)
+            for source in TOKEN_SOURCES:
+                self.prompt_tokens.labels(model, source)
+                self.completion_tokens.labels(model, source)
 
     def time_plugin(self, plugin: str, seconds: float) -> None:
         """A routing plugin's time in one decision (children cached: this runs per plugin
@@ -472,8 +545,8 @@ class _FleetCollector(Collector):
         for state in self.pods.all():
             status = self.pods.subscriber_status(state.name)
             if status is not None:
-                for cause, count in sorted(status.resets.items()):
-                    resets.add_metric([state.name, cause], float(count))
+                for cause in RESET_CAUSES:
+                    resets.add_metric([state.name, cause], float(status.resets.get(cause, 0)))
         yield from families.values()
         yield from counters.values()
         yield broken
@@ -484,8 +557,14 @@ class _FleetCollector(Collector):
         )  # fmt: skip
         counter = self.rejects()
         if counter is not None:
-            for (pod, reason), count in counter.snapshot().items():
-                rejected.add_metric([pod, reason], float(count))
+            counts = counter.snapshot()
+            subscribed = [s.name for s in self.pods.all() if self.pods.subscriber_status(s.name)]
+            for pod in subscribed:
+                for reason in sorted(DECODE_REASONS):
+                    rejected.add_metric([pod, reason], float(counts.get((pod, reason), 0)))
+            for (pod, reason), count in counts.items():
+                if pod not in subscribed:  # a pod gone since (its count stays until then)
+                    rejected.add_metric([pod, reason], float(count))
         yield rejected
 
     def _event_loop(self) -> Iterator[Metric]:

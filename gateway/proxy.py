@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -149,21 +148,33 @@ class Upstream:
         self.pulse = pulse
         """Hears of every chunk relayed from a pod, by the pod's name: each left the engine
         at the end of one of its steps (the cost model times the steps by them)."""
-        self._exchanges: dict[str, weakref.WeakSet[Exchange]] = {}
-        """Per pod, its exchanges (weak: a finished one is dropped with its relay)."""
+        self._exchanges: dict[str, set[Exchange]] = {}
+        """Per pod, its exchanges in progress: each is added when its request is sent and
+        taken out when it ends (`Exchange.release`, reached by every exchange), so the book
+        holds exactly what is in flight, never a finished exchange awaiting collection."""
 
     def pods_in_flight(self) -> list[str]:
-        for pod in [pod for pod, exchanges in self._exchanges.items() if not exchanges]:
-            del self._exchanges[pod]
         return list(self._exchanges)
+
+    def in_flight(self, pod: str) -> int:
+        """Exchanges in progress with `pod`."""
+        return len(self._exchanges.get(pod, ()))
 
     def break_off(self, pod: str, reason: str) -> int:
         """End every exchange in progress with `pod` as broken: streams are cut, requests
-        still waiting for their answer fail over. Returns how many were in progress."""
-        exchanges = list(self._exchanges.pop(pod, ()))
-        for exchange in exchanges:
-            exchange.break_off(reason)
-        return len(exchanges)
+        still waiting for their answer fail over. Returns how many were broken off (an
+        exchange whose answer already ended whole is left to finish)."""
+        return sum(exchange.break_off(reason) for exchange in list(self._exchanges.get(pod, ())))
+
+    def _ended(self, pod: str) -> Callable[[Exchange], None]:
+        def ended(exchange: Exchange) -> None:
+            tracked = self._exchanges.get(pod)
+            if tracked is not None:
+                tracked.discard(exchange)
+                if not tracked:
+                    del self._exchanges[pod]
+
+        return ended
 
     def _watcher(self, state: PodState, watch: ClientWatch) -> Callable[[Exchange], None]:
         """What hears of a new exchange with `state`: the client's watch, and this proxy's
@@ -171,10 +182,8 @@ class Upstream:
 
         def started(exchange: Exchange) -> None:
             watch.attach(exchange)
-            tracked = self._exchanges.get(state.name)
-            if tracked is None:
-                tracked = self._exchanges[state.name] = weakref.WeakSet()
-            tracked.add(exchange)
+            self._exchanges.setdefault(state.name, set()).add(exchange)
+            exchange.on_release = self._ended(state.name)
 
         return started
 

@@ -5,8 +5,9 @@ the upstream timeout (`KVGATE_UPSTREAM_TIMEOUT`, 600 s by default). The gateway 
 sooner: the pod left discovery, or failed its health checks. After `KVGATE_DEAD_POD_GRACE`
 (a pod that comes back within it loses nothing), its exchanges are broken off: a stream is
 cut, as the engine's own failure would cut it, so the client can retry; a request still
-waiting for its answer fails over to the next-best pod. Each cut is counted
-(`kvgate_dead_pod_cuts_total{pod}`) and logged once per pod.
+waiting for its answer fails over to the next-best pod. Each exchange still in progress at
+that moment is counted (`kvgate_dead_pod_cuts_total{pod}`, one per client that saw the
+error) and the cut logged once per pod; exchanges that already ended are not.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter
 
+from gateway.metrics import Children
 from gateway.proxy import Upstream
 from gateway.registry import PodRegistry
 
@@ -29,7 +31,7 @@ class DeadPodReaper:
         self,
         registry: PodRegistry,
         upstream: Upstream,
-        cuts: Counter,
+        cuts: Children[Counter],
         *,
         grace_s: float,
         clock: Callable[[], float] = time.monotonic,

@@ -97,8 +97,12 @@ class PodRegistry:
         table: SyncPrefixHashTable,
         subscribers: SubscriberManager | None,
         chat_tokenizer: bool = False,
+        on_pod: Callable[[Pod], None] | None = None,
     ) -> None:
         self._table = table
+        self._on_pod = on_pod
+        """Hears of every pod discovery reports, new or updated (its metric series start at
+        0 there)."""
         self._chat_tokenizer = chat_tokenizer
         """A tokenizer endpoint that applies chat templates is configured."""
         self._subscribers = subscribers
@@ -126,6 +130,8 @@ class PodRegistry:
                 )  # fmt: skip
         else:
             state.pod = pod
+        if self._on_pod is not None:
+            self._on_pod(pod)
         self._serving.clear()
         subscribed = self._subscribers is not None and pod.name in self._subscribers.pods()
         # A pod that is not Ready keeps its subscriber and index: it is only not routed. Its

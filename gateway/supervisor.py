@@ -39,6 +39,8 @@ class Supervisor:
     ) -> asyncio.Task[None]:
         """Run `work()` until cancelled. If it fails and `restart_if()` says so, run it
         again after a backoff; otherwise the task ends with its error (start-up failures)."""
+        if self._restarts is not None:
+            self._restarts.labels(name)  # at 0 until its first restart
         task = asyncio.create_task(self._supervise(name, work, restart_if), name=f"kvgate-{name}")
         self._tasks.append(task)
         return task

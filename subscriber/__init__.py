@@ -33,6 +33,7 @@ from subscriber.rejects import RejectCounter, RejectVerdict
 from subscriber.replay import ReplayUnavailableError, fetch_replay
 from subscriber.sink import BatchSink, IndexSink
 from subscriber.status import (
+    RESET_CAUSES,
     Phase,
     PodEndpoint,
     PodSubscriberStatus,
@@ -44,6 +45,7 @@ __all__ = [
     "DECODE_REASONS",
     "DEFAULT_LIMITS",
     "REPLAY_END_SEQ",
+    "RESET_CAUSES",
     "AllBlocksCleared",
     "BatchSink",
     "BlockRemoved",

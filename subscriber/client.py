@@ -16,6 +16,9 @@ seq order, and every doubt is settled by asking the engine's replay buffer:
   that restarted and has published nothing) is noticed without waiting for traffic;
 - replay unavailable (no endpoint, timeout): reset, take the next live batch as the new
   baseline, degraded — unless that batch is seq 0 (the engine just started: nothing missed).
+  When the replay answers again, the engine's history tells whether it restarted meanwhile,
+  whatever its seq reached: an empty buffer, one that ends before the last seq we applied,
+  or a different batch at that seq is a new engine (counted and logged as a restart).
 
 A batch that cannot be decoded is counted (per pod, per reason) and skipped; it never
 stops the subscriber. The live queue is bounded: on overflow the newest batches are
@@ -106,8 +109,9 @@ class PodSubscriber:
         # Whether the index holds anything applied since the last reset: a reset of an
         # index never built (the first build, a second reset in a row) is no news.
         self._built = False
-        self._seq_when_unreachable: int | None = None
-        """Our last applied seq when a reset found the replay socket unreachable."""
+        self._unreachable_at: tuple[int, int] | None = None
+        """Our last applied (seq, digest) when a reset found the replay socket unreachable:
+        what the engine's history must still hold if it did not restart meanwhile."""
         self._counters = SubscriberCounters()
         self._last_message_at: float | None = None
         self._queue = LiveQueue(self._settings.live_queue)
@@ -298,18 +302,17 @@ class PodSubscriber:
         verifiable = self._last_seq is not None and self.endpoint.replay is not None
         if self._verify and verifiable and not self._rebaseline:
             await self._catch_up("event socket reconnected")
-        silent_at = self._seq_when_unreachable
-        if self._rebaseline and silent_at is not None:
-            # Reset while its replay socket was unreachable; publishing again from a seq at
-            # or below the last one we had: the engine restarted (a real vLLM restart).
-            self._seq_when_unreachable = None
-            if seq <= silent_at:
-                self._engine_restarted(f"publishing from seq {seq} again after it went silent")
         if self._rebaseline and self.endpoint.replay is not None and await self._rebuilt():
             # The engine publishes again and its replay socket answered this time: a whole
-            # rebuild beats a baseline that would leave the pod degraded for good.
+            # rebuild beats a baseline that would leave the pod degraded for good (and its
+            # history says whether the engine restarted).
             await self._on_live(seq, payload)
             return
+        silent_at = self._unreachable_at
+        if self._rebaseline and silent_at is not None and seq <= silent_at[0]:
+            # Reset while its replay socket was unreachable, still no replay; publishing
+            # again from a seq at or below the last one we had: the engine restarted.
+            self._engine_restarted(f"publishing from seq {seq} again after it went silent")
         if self._rebaseline:
             self._rebaseline = False
             if seq == 0:
@@ -364,12 +367,12 @@ class PodSubscriber:
             self._degrade(f"no replay ({exc}): the index holds only batches seen live")
             self._rebaseline = True
             return
-        silent_at = self._seq_when_unreachable
-        if entries and silent_at is not None:
-            self._seq_when_unreachable = None
-            if entries[-1].seq <= silent_at:  # its history is shorter than what we had seen
-                self._engine_restarted(f"its replay ends at seq {entries[-1].seq} after it "
-                                       f"went silent at {silent_at}")  # fmt: skip
+        silent_at = self._unreachable_at
+        if silent_at is not None:
+            self._unreachable_at = None
+            why = _new_history(entries, *silent_at)
+            if why is not None:
+                self._engine_restarted(why)
         if entries and entries[0].seq != 0:
             self._degrade(f"replay buffer starts at seq {entries[0].seq}: older blocks unknown")
         else:
@@ -391,7 +394,7 @@ class PodSubscriber:
         """
         self._verify = False  # whatever the reason, this checks the engine's history
         restored_whole, self._restored_whole = self._restored_whole, False
-        last = self._last_seq
+        last, digest = self._last_seq, self._last_digest
         if last is None:
             await self._replay_from_start()
             return not self._rebaseline
@@ -400,7 +403,7 @@ class PodSubscriber:
         except ReplayUnavailableError as exc:
             self._reset(degraded=f"{why}; no replay ({exc}): pod reset", cause="replay_unavailable")
             self._rebaseline = True
-            self._seq_when_unreachable = last
+            self._unreachable_at = (last, digest)
             return False
         if not entries or entries[0].seq < last:
             self._engine_restarted(why)
@@ -466,6 +469,7 @@ class PodSubscriber:
         self._degrade(degraded)
 
     def _engine_restarted(self, why: str) -> None:
+        self._unreachable_at = None  # settled: the same restart is not counted twice
         self._counters.restarts += 1
         logger.info("kv events of %s: engine restarted (%s); rebuilding", self.endpoint.name, why)
 
@@ -494,6 +498,22 @@ class PodSubscriber:
                 exc.detail,
                 f"; {verdict.suppressed} more since the last report" if verdict.suppressed else "",
             )
+
+
+def _new_history(entries: list[ReplayEntry], seq: int, digest: int) -> str | None:
+    """Why the engine whose whole replay buffer is `entries` is not the one whose batch
+    `seq` (with `digest`) we applied last; None if it is, or if its buffer no longer
+    reaches back to `seq` (nothing tells then)."""
+    if not entries:
+        return f"its replay buffer is empty; seq {seq} was applied before it went silent"
+    if entries[-1].seq < seq:
+        return f"its replay ends at seq {entries[-1].seq}; seq {seq} was applied before"
+    for entry in entries:
+        if entry.seq == seq:
+            if _digest(entry.payload) == digest:
+                return None
+            return f"its batch {seq} is not the one applied before it went silent"
+    return None
 
 
 def _digest(payload: bytes) -> int:

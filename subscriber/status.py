@@ -66,6 +66,12 @@ class Phase(StrEnum):
     STOPPED = "stopped"
 
 
+RESET_CAUSES = ("engine_restart", "replay_unavailable", "replay_overrun", "cleared")
+"""Why a pod's index was thrown away: the engine restarted; its replay socket did not
+answer (rebuilt from live batches); its replay buffer no longer reached back; the engine
+cleared its cache (AllBlocksCleared)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PodSubscriberStatus:
     pod: str
@@ -84,10 +90,9 @@ class PodSubscriberStatus:
     frames_rejected: int
     last_message_at: float | None
     resets: Mapping[str, int] = field(default_factory=dict)
+    """Index resets of this pod by cause (one of `RESET_CAUSES`)."""
     refused_peers: int = 0
     """Publishers refused on a bound event socket (not from the pod's address)."""
-    """Index resets of this pod by cause (engine_restart, replay_unavailable,
-    replay_overrun, cleared)."""
 
 
 @dataclass(slots=True)

@@ -6,6 +6,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway.routing.cost_state import REASONS
 
+SOURCES = ("file", "peer")
+IGNORED_REASONS = (
+    "truncated", "bad_magic", "checksum", "malformed", "non_finite", "out_of_range",
+    "unsupported_version", "too_large", "unreadable", "model_mismatch", "endpoint_mismatch",
+    "config_mismatch", "peer_unavailable",
+)  # fmt: skip
+WRITE_OUTCOMES = ("ok", "too_large", "error")
+
 
 class SnapshotMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -30,6 +38,13 @@ class SnapshotMetrics:
             ["outcome"],
             registry=registry,
         )
+        # each series at 0 until its first increment (rate() sees the first one)
+        for source in SOURCES:
+            self.restored.labels(source)
+        for reason in IGNORED_REASONS:
+            self.ignored.labels(reason)
+        for outcome in WRITE_OUTCOMES:
+            self.writes.labels(outcome)
 
 
 class BootstrapMetrics:

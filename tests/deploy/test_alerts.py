@@ -6,6 +6,7 @@ requires every rule to evaluate without error."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,23 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
         if case.get("exp_alerts")
     }
     assert {rule["alert"] for rule in rules()} == fired
+
+
+def test_every_alert_on_a_counter_fires_on_a_first_burst() -> None:
+    """A counter alert reads `rate()` or `increase()`: its unit test fires it on the first
+    burst of series that start at 0 (as the gateway exports them), and the same burst on
+    series that first appear with it (instance b) fires nothing."""
+    tested = yaml.safe_load((OBSERVABILITY / "alerts_test.yml").read_text())["tests"]
+    bursts = next(test for test in tested if test["name"] == "first bursts")
+    fired = {case["alertname"]: case["exp_alerts"] for case in bursts["alert_rule_test"]}
+    on_counters = {rule["alert"] for rule in rules()
+                   if re.search(r"\b(rate|increase)\(", rule["expr"])}  # fmt: skip
+    assert on_counters and on_counters <= {name for name, alerts in fired.items() if alerts}
+    for alerts in fired.values():
+        assert {alert["exp_labels"]["instance"] for alert in alerts} <= {"a:8080"}
+    starts = [(s["series"], s["values"].split()[0]) for s in bursts["input_series"]]
+    assert all(first.startswith("0") for name, first in starts if 'instance="a:8080"' in name)
+    assert any(first.startswith("_") for name, first in starts if 'instance="b:8080"' in name)
 
 
 def test_the_prometheus_rule_carries_the_same_groups() -> None:

@@ -3,7 +3,9 @@ promtool) scrapes a live gateway in front of simulated engines through mixed tra
 an engine failure; every dashboard query is then evaluated through Prometheus's HTTP API,
 and every alerting rule (deploy/observability/kvgate-rules.yml) must have run cleanly.
 Each must be valid PromQL that Prometheus runs, and each panel must show data, or be in
-`EMPTY_HERE` with the reason this traffic cannot give it any."""
+`EMPTY_HERE` with the reason this traffic cannot give it any. The engine's failure is a
+first burst of errors on series the gateway exported at 0: "Errors by engine pod" shows it
+in `rate()`."""
 
 from __future__ import annotations
 
@@ -121,6 +123,15 @@ async def test_every_dashboard_query_runs_on_a_real_prometheus(
             ) as response:
                 await response.aread()
             await client.post("/v1/chat/completions", json={**body, "model": "no-such-model"})
+
+        async def scraped(times: int) -> bool:
+            samples = await query(prom, 'count_over_time(up{job="kvgate"}[5m])')
+            return bool(samples) and float(samples[0]["value"][1]) >= times
+
+        # Prometheus has seen the failing pod's error series at 0 before their first burst
+        await eventually(lambda: scraped(2), within=40, what="two scrapes before the failure")
+        before = await query(prom, 'kvgate_upstream_errors_total{pod="e1",kind="connect"}')
+        assert [float(sample["value"][1]) for sample in before] == [0.0]
         await first.engines[1].stop()  # an engine fails: health, retries, 502/503s
         for i in range(6):  # round-robin: at once, before health checks take it out of
             await client.post("/v1/chat/completions", json={  # the ranking, half go there
@@ -128,20 +139,24 @@ async def test_every_dashboard_query_runs_on_a_real_prometheus(
                 "messages": [{"role": "user", "content": f"after {i}"}]},
                 headers={"x-kvgate-policy": "round-robin"})  # fmt: skip
 
-        async def scraped_enough() -> bool:
-            samples = await query(prom, 'count_over_time(up{job="kvgate"}[5m])')
-            return bool(samples) and float(samples[0]["value"][1]) >= 8
-
-        await eventually(scraped_enough, within=40, what="eight scrapes")
+        await eventually(lambda: scraped(8), within=40, what="eight scrapes")
         empty = []
+        errors_by_pod: dict[str, float] = {}
         for title, exprs in panels():
             results = [await query(prom, expr) for expr in exprs]  # each one valid and run
             if not any(results):
                 empty.append(title)
+            if title == "Errors by engine pod":
+                for sample in (sample for result in results for sample in result):
+                    pod = sample["metric"]["pod"]
+                    value = float(sample["value"][1])
+                    errors_by_pod[pod] = errors_by_pod.get(pod, 0.0) + value
         evaluated = (await prom.get("/api/v1/rules")).json()["data"]["groups"]
     loaded = [rule for group in evaluated for rule in group["rules"]]
     assert sorted(rule["name"] for rule in loaded) == sorted(rule["alert"] for rule in rules())
     failing = [(rule["name"], rule.get("lastError")) for rule in loaded if rule["health"] != "ok"]
     assert failing == []  # every alert ran on this gateway's series without an error
+    assert errors_by_pod.get("e1", 0.0) > 0, errors_by_pod  # the first burst, in rate()
+    assert errors_by_pod.get("e0") == 0.0, errors_by_pod  # exported, and at 0
     unexplained = [title for title in empty if not EMPTY_HERE.get(title)]
     assert unexplained == [], f"panels without data and without a reason: {unexplained}"

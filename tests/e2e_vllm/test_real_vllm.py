@@ -67,15 +67,20 @@ class Gateway:
 
 
 @asynccontextmanager
-async def subscribed(vllm: RealVllm, pod: str) -> AsyncIterator[Gateway]:
+async def subscribed(vllm: RealVllm, pod: str, *, live: bool = True) -> AsyncIterator[Gateway]:
+    """A subscriber of `pod`, once it is live (`live`), or once its event socket is
+    connected (it may still be replaying)."""
     table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK_SIZE))
     settings = SubscriberSettings(replay_timeout_s=10.0)
     async with SubscriberManager(IndexSink(table), settings=settings) as manager:
         await manager.upsert(vllm.endpoint(pod))
         gateway = Gateway(table, manager, pod)
-        await eventually(
-            lambda: gateway.status().phase is Phase.LIVE, within=30, what=f"{pod} live"
-        )
+        if live:
+            await eventually(
+                lambda: gateway.status().phase is Phase.LIVE, within=30, what=f"{pod} live"
+            )
+        else:
+            await eventually(lambda: gateway.status().connected, within=30, what=f"{pod} joined")
         yield gateway
 
 
@@ -204,22 +209,33 @@ async def test_late_subscriber_rebuilds_from_replay(
 async def test_subscriber_joining_mid_traffic(
     vllm: RealVllm, client: httpx.AsyncClient, e2e_report: dict[str, object]
 ) -> None:
-    """Replay and live batches overlap: the subscriber must merge them, each batch once."""
+    """Replay and live batches overlap: the subscriber must merge them, each batch once.
+
+    The subscriber joins while the first requests run; the rest are sent only once its
+    event socket is connected, so it joins mid-traffic however fast the first ones end."""
     requests = [plain(system_prompt(50 + i), q) for i in range(5) for q in ("A?", "B?")]
+    joined = asyncio.Event()
+
+    async def traffic_around_the_join() -> None:
+        await send_all(client, vllm.model, requests[:4], concurrency=2)
+        await joined.wait()
+        await send_all(client, vllm.model, requests[4:], concurrency=2)
+
     async with asyncio.TaskGroup() as group:
-        traffic = group.create_task(send_all(client, vllm.model, requests, concurrency=2))
+        traffic = group.create_task(traffic_around_the_join())
         await eventually(
             lambda: vllm.recorder.idle_for() < 0.5, within=30, what="traffic under way"
         )
-        async with subscribed(vllm, "pod-mid") as gateway:
-            joined_during_traffic = not traffic.done()
+        async with subscribed(vllm, "pod-mid", live=False) as gateway:
+            at_join = vllm.recorder.last_seq()
+            joined.set()
             await traffic
             await settle(vllm, gateway)
             vllm.recorder.check_complete()
             resident = assert_index_equals_engine(vllm, gateway)
             assert_clean(gateway, allow_gaps=True)
             status = gateway.status()
-    assert joined_during_traffic, "the traffic ended before the subscriber joined"
+    assert at_join is None or (status.last_seq or 0) > at_join  # batches came after it joined
     e2e_report["(b2) joined mid-traffic: batches applied / replays / gaps / blocks"] = (
         f"{status.batches_applied} / {status.replays} / {status.gaps} / {resident}"
     )

@@ -19,13 +19,17 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.logs import JsonFormatter, TextFormatter
+from gateway.metrics import UPSTREAM_ERROR_KINDS
 from gateway.request_id import new_request_id
 from gateway.routing.cost import FEATURES
 from gateway.version import VERSION, version
+from subscriber import DECODE_REASONS, RESET_CAUSES
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
+from tests.gateway.test_metrics_doc import documented
 from tests.helpers import eventually, free_port, kvgate_serve
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
@@ -507,3 +511,54 @@ def test_a_text_traceback_holding_client_data_stays_indented() -> None:
     assert traceback and all(line.startswith("    ") for line in traceback)
     assert f"    {FORGED}\\r\\x1b[31m" in traceback
     assert "    ValueError: bad value" in traceback
+
+
+async def test_every_pod_and_model_counter_is_at_zero_before_its_first_increment(
+    start_gateway: StartGateway,
+) -> None:
+    """A series that first appears at 5 hides that burst from rate() and increase(): on a
+    fresh gateway every counter (and histogram) with a `pod` or `model` label already has
+    each known pod's / model's series at 0, and enumerated labels have all their values."""
+    gw = await start_gateway(engines=2)
+    pods = {"e0", "e1"}
+    await eventually(lambda: all(gw.state.registry.subscriber_status(p) for p in pods),
+                     what="both pods subscribed")  # fmt: skip
+    async with gw.client() as client:
+        page = (await client.get("/metrics")).text
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if not sample.name.endswith("_created"):
+                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+
+    def series(name: str, **labels: str) -> list[float]:
+        return [value for found, value in samples.get(name, [])
+                if labels.items() <= found.items()]  # fmt: skip
+
+    for name, (kind, labels) in documented().items():
+        if kind not in ("counter", "histogram"):
+            continue
+        sample = name if kind == "counter" else f"{name}_count"
+        if "pod" in labels:
+            for pod in pods:
+                assert series(sample, pod=pod), (name, pod)
+        if "model" in labels:
+            assert series(sample, model=MODEL), name
+    for pod in pods:
+        for kind in UPSTREAM_ERROR_KINDS:
+            assert series("kvgate_upstream_errors_total", pod=pod, kind=kind) == [0.0]
+        assert series("kvgate_upstream_retries_total", pod=pod) == [0.0]
+        assert series("kvgate_dead_pod_cuts_total", pod=pod) == [0.0]
+        for status in ("200", "502", "504", "cut"):
+            assert series("kvgate_requests_total", pod=pod, status=status, model=MODEL,
+                          policy="prefix-cache") == [0.0]  # fmt: skip
+        for cause in RESET_CAUSES:
+            assert series("kvgate_subscriber_index_resets_total", pod=pod, cause=cause) == [0.0]
+        for reason in DECODE_REASONS:
+            assert series("kvgate_subscriber_rejected_frames_total", pod=pod, reason=reason)
+    for reason in ("ModelNotFound", "TooManyRequests", "BadRequest", "NoRoutablePod"):
+        assert series("kvgate_requests_rejected_total", reason=reason) == [0.0]
+    for task in ("discovery", "metrics-scraper", "dead-pod-reaper"):
+        assert series("kvgate_background_restarts_total", task=task) == [0.0]
+    assert series("kvgate_slo_ttft_total", outcome="observed_missed") == [0.0]
+    assert series("kvgate_pin_refusals_total", reason="budget") == [0.0]

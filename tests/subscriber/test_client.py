@@ -6,6 +6,7 @@ After every fault the index must equal what the engine reports in GET /sim/cache
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -367,6 +368,42 @@ async def test_an_engine_down_for_a_while_then_restarted_is_counted_as_a_restart
     status = fleet.status(second)
     assert status.restarts == 1
     assert status.whole
+
+
+async def test_a_restart_after_a_short_life_is_counted_whatever_the_new_seq(
+    start_engine: StartEngine, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first life publishes little; the engine is down long enough for the silence
+    probe to find no replay socket; the new life publishes past the old last seq before (or
+    while) the subscriber looks again. Its seq alone cannot tell; its history does: the
+    restart is counted and logged once."""
+    first = await start_engine(name="e-short")
+    endpoint = await fleet.subscribe(first)
+    await traffic(first, "short life", requests=1)
+    await fleet.wait_in_sync(first)
+    old_last = fleet.status(first).last_seq
+    assert old_last is not None
+    port = first.port
+    await first.stop()
+    await eventually(
+        lambda: "no replay" in (fleet.status(first).degraded_reason or ""),
+        within=30.0,
+        what="the silence probe found no replay socket",
+    )
+    with caplog.at_level(logging.INFO, logger="subscriber.client"):
+        second = await start_engine(
+            name="e-short", port=port, events_endpoint=endpoint.events,
+            replay_endpoint=endpoint.replay,
+        )  # fmt: skip
+        await arm(second, drop_batches=3)  # its first batches are not seen live
+        await traffic(second, "second life", requests=6)
+        await fleet.wait_in_sync(second)
+    status = fleet.status(second)
+    assert (status.last_seq or 0) > old_last
+    assert status.restarts == 1
+    assert status.resets.get("replay_unavailable") == 1
+    restarts = [r for r in caplog.records if "engine restarted" in r.getMessage()]
+    assert len(restarts) == 1, [r.getMessage() for r in restarts]
 
 
 async def test_a_bound_event_socket_refuses_publishers_from_other_addresses(
