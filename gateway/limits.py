@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -76,8 +77,9 @@ class ConcurrencyLimit:
             finally:
                 self.in_progress -= 1
             return
-        body = _Body(self, (scope.get("client") or ("",))[0] or "", receive)
-        if not scope.get("extensions", {}).get(BODY_RECEIVED, False):
+        extensions = scope.setdefault("extensions", {})
+        body = _Body(self, (scope.get("client") or ("",))[0] or "", receive, extensions)
+        if not extensions.get(BODY_RECEIVED, False):
             body.time_it()  # the body is still coming: it has its grace
         try:
             await self.app(scope, body.receive, send)
@@ -114,11 +116,18 @@ class _Body:
     """One request's body on its way in: its grace timer, whether it counts as slow, and
     the slot its request takes once it is complete."""
 
-    __slots__ = ("_cancelling", "_receive", "_timer", "_waiting", "client", "counted",
-                 "holding", "limiter", "receiving", "refused")  # fmt: skip
+    __slots__ = ("_cancelling", "_extensions", "_receive", "_timer", "_waiting", "client",
+                 "counted", "holding", "limiter", "receiving", "refused")  # fmt: skip
 
-    def __init__(self, limiter: ConcurrencyLimit, client: str, receive: Receive) -> None:
+    def __init__(
+        self,
+        limiter: ConcurrencyLimit,
+        client: str,
+        receive: Receive,
+        extensions: dict[str, Any],
+    ) -> None:
         self.limiter = limiter
+        self._extensions = extensions
         self.client = client
         self._receive = receive
         self.receiving = True
@@ -138,7 +147,9 @@ class _Body:
         """The grace is over and the body is still arriving: it counts as slow, or is
         refused if its client has as many slow bodies as allowed."""
         self._timer = None
-        if not self.receiving:
+        if not self.receiving or self._extensions.get(BODY_RECEIVED, False):
+            # Complete or already whole in the server, only not read yet (a busy gateway
+            # reads late): the client was not slow.
             return
         slow = self.limiter.slow
         if slow.get(self.client, 0) < self.limiter.bodies_per_client:
