@@ -55,6 +55,11 @@ _BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.pin_depth",
         "pinning: a VIP conversation's TTFT after a cache flood, baseline vs pinned, by depth",
     ),
+    "tables": (
+        "bench.tables.cli",
+        "docs/benchmarks.md's tables from the committed results in bench/results/: "
+        "checked, or rewritten with --update",
+    ),
     "soak": (
         "bench.soak",
         "long steady traffic at 0.8 of capacity: RSS, fds, asyncio tasks slope, lost requests",
