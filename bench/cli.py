@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from bench.results_io import add_keep_argument, keep_outputs
+
 # name -> (module with configure_parser/run, help); modules are imported only when run.
 _BENCHMARKS: dict[str, tuple[str, str]] = {
     "indexer": (
@@ -53,11 +55,19 @@ _BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.pin_depth",
         "pinning: a VIP conversation's TTFT after a cache flood, baseline vs pinned, by depth",
     ),
+    "tables": (
+        "bench.tables.cli",
+        "docs/benchmarks.md's tables from the committed results in bench/results/: "
+        "checked, or rewritten with --update",
+    ),
     "soak": (
         "bench.soak",
         "long steady traffic at 0.8 of capacity: RSS, fds, asyncio tasks slope, lost requests",
     ),
 }
+
+_KEPT = frozenset(_BENCHMARKS) - {"traces", "joiners", "tables"}
+"""The benchmarks that write results (and so take `--keep`)."""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +76,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         sub = benches.add_parser(name, help=summary, description=summary)
         module = importlib.import_module(module_name)
         module.configure_parser(sub)
+        if name in _KEPT:
+            add_keep_argument(sub)
         sub.set_defaults(_bench=module.run)
 
 
 def run(args: argparse.Namespace) -> int:
+    keep_outputs(args)
     status: int = args._bench(args)
     return status

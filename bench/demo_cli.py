@@ -13,7 +13,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from bench.results_io import RESULTS_DIR
+from bench.results_io import RUNS_DIR, add_keep_argument, keep_outputs
 from gateway.routing.config import load_specs
 
 
@@ -29,7 +29,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="gateway port (8080; a free one if taken; 0 = any free port)")  # fmt: skip
     add("--no-serve", action="store_true", help="exit after the results table")
     add("--quick", action="store_true", help="a tiny workload (seconds; for tests)")
-    add("--out", type=Path, default=RESULTS_DIR / "demo", help="directory for JSON + PNG")
+    add("--out", type=Path, default=RUNS_DIR / "demo",
+        help="directory for JSON + PNG (default bench/results/runs/demo; "
+        "with --keep bench/results/demo)")  # fmt: skip
+    add_keep_argument(parser)
     add("--quiet", action="store_true", help="no progress bar or status lines")
     add("--policies", default="round-robin,prefix-cache",
         help="BASELINE,CANDIDATE: the two routing policies compared, in that order "
@@ -54,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if bad:
         print(f"kvgate demo: invalid value for {', '.join(bad)}")
         return 2
+    keep_outputs(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     plan = make_plan(
         engines=args.engines,

@@ -37,7 +37,7 @@ from bench.indexer_workload import (
     build_churn,
     build_fleet,
 )
-from bench.results_io import RESULTS_DIR, percentile, print_table, pyplot, write_json
+from bench.results_io import RESULTS_DIR, RUNS_DIR, percentile, print_table, pyplot, write_json
 
 PACKAGE = "ai-dynamo-runtime==1.6.1"
 MODEL = "bench-model"
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         )
         deps.write_text("xxhash msgpack\n")
     json_path = args.json
-    if json_path == RESULTS_DIR / "indexer.json":
-        json_path = RESULTS_DIR / "indexer_vs_dynamo.json"
+    if json_path.name == "indexer.json" and json_path.parent in (RESULTS_DIR, RUNS_DIR):
+        json_path = json_path.parent / "indexer_vs_dynamo.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [python, "-m", "bench.indexer_vs_dynamo", "--json", str(json_path)]
     if args.quick:
@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     subprocess.run(command, check=True, cwd=REPO, env=env)
     results = json.loads(json_path.read_text())
     plot_path = args.plot
-    if plot_path == RESULTS_DIR / "indexer.png":
-        plot_path = RESULTS_DIR / "indexer_vs_dynamo.png"
+    if plot_path.name == "indexer.png" and plot_path.parent in (RESULTS_DIR, RUNS_DIR):
+        plot_path = plot_path.parent / "indexer_vs_dynamo.png"
     if _plot(plot_path, results):
         print(f"plot written to {plot_path}")
     return 0

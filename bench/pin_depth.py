@@ -27,7 +27,7 @@ from bench.harness.fleet import EngineEndpoint, SimOptions, SimProcess, write_po
 from bench.harness.gateway import AdminClient, serve_in_process
 from bench.harness.readiness import eventually, wait_http
 from bench.harness.streaming import post_chat
-from bench.results_io import RESULTS_DIR, figure, write_json
+from bench.results_io import RUNS_DIR, figure, write_json
 from bench.workloads.pin_depth import (
     FloodTraffic,
     PinDepthWorkloadConfig,
@@ -322,8 +322,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add("--flood-osl", type=int, default=4, help="answer tokens per flood request (4)")
     add("--cycles", type=float, default=3.0, help="times the flood cycles the cache (3)")
     add("--seed", type=int, default=0)
-    add("--out", type=Path, default=RESULTS_DIR / "pin-depth", metavar="DIR",
-        help="where results.json and ttft.png go (default bench/results/pin-depth)")  # fmt: skip
+    add("--out", type=Path, default=RUNS_DIR / "pin-depth", metavar="DIR",
+        help="where results.json and ttft.png go (default bench/results/runs/pin-depth; "
+        "with --keep bench/results/pin-depth)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

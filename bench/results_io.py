@@ -1,4 +1,9 @@
-"""Printing and saving benchmark results: a table on stdout, JSON and PNG under results/."""
+"""Printing and saving benchmark results: a table on stdout, JSON and PNG.
+
+A run writes under `bench/results/runs/` (ignored by git); with `--keep` it writes to the
+committed place instead, `bench/results/`, which holds the latest kept result of each
+benchmark and which docs/benchmarks.md's tables are generated from.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,34 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+"""The committed results: the latest kept run of each benchmark."""
+RUNS_DIR = RESULTS_DIR / "runs"
+"""Where a run writes unless it is kept (`--keep`); ignored by git."""
+
+
+def results_dir(keep: bool) -> Path:
+    """Where a run's default outputs go: the committed folder with `--keep`, else runs/."""
+    return RESULTS_DIR if keep else RUNS_DIR
+
+
+def add_keep_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="write the results to the committed bench/results/ (the latest kept result of "
+        "this benchmark, which docs/benchmarks.md's tables read) instead of the git-ignored "
+        "bench/results/runs/",
+    )
+
+
+def keep_outputs(args: argparse.Namespace) -> None:
+    """With `--keep`, move every default output path of `args` (one under runs/) to the same
+    place under the committed folder; paths given explicitly stay as they are."""
+    if not getattr(args, "keep", False):
+        return
+    for name, value in vars(args).items():
+        if isinstance(value, Path) and value.is_relative_to(RUNS_DIR):
+            setattr(args, name, RESULTS_DIR / value.relative_to(RUNS_DIR))
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -53,15 +86,17 @@ def write_json(path: Path, results: Mapping[str, Any]) -> Path:
 
 def add_output_arguments(parser: argparse.ArgumentParser, name: str, *, plot: bool = True) -> None:
     """`--json PATH` and (with `plot`) `--plot PATH`, defaulting to
-    bench/results/<name>.json|png (`name` may hold a folder: `chaos/chaos`)."""
+    bench/results/runs/<name>.json|png (`name` may hold a folder: `chaos/chaos`); with
+    `--keep`, bench/results/<name>.json|png."""
     outputs = [("--json", "json", "the JSON results"), ("--plot", "png", "the plot")]
     for flag, suffix, what in outputs[: 2 if plot else 1]:
         parser.add_argument(
             flag,
             type=Path,
-            default=RESULTS_DIR / f"{name}.{suffix}",
+            default=RUNS_DIR / f"{name}.{suffix}",
             metavar="PATH",
-            help=f"where to write {what} (default bench/results/{name}.{suffix})",
+            help=f"where to write {what} (default bench/results/runs/{name}.{suffix}; "
+            f"with --keep bench/results/{name}.{suffix})",
         )
 
 

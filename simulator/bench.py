@@ -26,6 +26,7 @@ import httpx
 import zmq
 import zmq.asyncio
 
+from bench.results_io import RUNS_DIR
 from simulator.publisher import EventPublisher
 from simulator.wire import (
     BlockRemoved,
@@ -63,7 +64,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens generated per request")
     parser.add_argument("--time-scale", type=float, default=1000.0, help="sim --time-scale")
     parser.add_argument("--gpu-blocks", type=int, default=2048, help="sim --gpu-blocks")
-    parser.add_argument("--json", type=Path, default=None, help="write the result here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=RUNS_DIR / "sim.json",
+        help="write the result here (default bench/results/runs/sim.json; with --keep "
+        "bench/results/sim.json)",
+    )
 
 
 def _prompt(index: int) -> str:
@@ -210,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     print("kvgate bench sim — one simulated engine (separate process), wall-clock figures")
     for key, value in rows.items():
         print(f"  {key:<{width}}  {value}")
-    path = args.json or Path("bench/results") / time.strftime("sim-%Y%m%d-%H%M%S.json")
+    path: Path = args.json
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"benchmark": "sim", "time_scale": args.time_scale, "max_tokens": args.max_tokens}
     path.write_text(json.dumps({**meta, "result": rows}, indent=2) + "\n")

@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from bench.results_io import RESULTS_DIR
+from bench.results_io import results_dir
 from bench.routing.engines import REAL_SIZE, REAL_TRACE_SCALE, EngineChoice
 from bench.routing.fleet import TRACE_WALL_RATE, WALL_RATE
 from bench.routing.routers import BASELINES, KVGATE_POLICIES, PEERS
@@ -236,7 +236,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "lost, failures on the others, and how the replacement routes",
     )  # fmt: skip
     add("--quick", action="store_true", help="a tiny run (2 engines, a few dozen requests)")
-    add("--run", default=None, help="results folder name under bench/results/routing/")
+    add("--run", default=None,
+        help="results folder name under bench/results/runs/routing/ "
+        "(with --keep bench/results/routing/)")  # fmt: skip
     add("--out", type=Path, default=None, help="results folder (overrides --run)")
     add("--quiet", action="store_true", help="no per-run status lines on stderr")
     add(
@@ -355,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         wall_rate=args.wall_rate,
         seed=args.seed,
-        out_dir=args.out or RESULTS_DIR / "routing" / run_name,
+        out_dir=args.out or results_dir(args.keep) / "routing" / run_name,
         quiet=args.quiet,
         keep_records=args.keep_records,
         slo_tpot_ms=args.slo_tpot_ms,

@@ -17,7 +17,7 @@ DEFAULT = "prefix-cache"
 EARLIER = "prefix-share"
 """The default before the cost model: the hetero and VIP targets compare with it."""
 VIP_P90_BEFORE_MS = 266.0
-"""prefix-share's VIP TTFT p90 on vip-flood when it was the default (docs/benchmarks.md)."""
+"""prefix-share's VIP TTFT p90 on vip-flood (open loop, 80 % load) when it was the default."""
 MAX_ERROR_SHARE = 0.01
 """A router that failed more than this share of its requests is left out of comparisons."""
 

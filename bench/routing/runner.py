@@ -142,7 +142,7 @@ def ramp_for(options: RoutingOptions, capacity_rps: float) -> float:
     all send their first request in the same millisecond, and a fleet hit by every user's
     cold first turn at once is in an overload no steady state has (160 chat users joining
     within 0.5 s put a median 4.6 s on the first tenth of the answers, and threw the cost
-    model off for most of the run: docs/benchmarks.md)."""
+    model off for most of the run)."""
     if options.ramp_s is not None:
         return options.ramp_s
     return options.concurrency / (RAMP_LOAD * capacity_rps) if capacity_rps > 0 else 0.0
