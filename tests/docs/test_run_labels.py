@@ -13,9 +13,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A run's short name (`s` and one or two digits, alone or before a suffix: "s3-closed"), a
-# numbered stop or issue ("stop 36", "issue 13", "issue13-open", "issue #13"). An `s3://`
-# URL is not a label.
+# A run's short name (`s` and one or two digits, alone or before a suffix such as
+# "-closed"), a numbered stop or issue (with a space, `#`, `-` or `_` or nothing before the
+# number); the parametrized cases below spell them out. An S3 URL is not a label.
 LABEL = re.compile(
     r"\bs[0-9]{1,2}\b(?!://)" r"|\bstop ?#?[0-9]+\b" r"|\bissue[ _-]?#?[0-9]+",
     re.IGNORECASE,
