@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         for name in unread_variables(env):
             logger.warning(
                 "%s is set but kvgate reads no such setting (a typo, or an AIBrix setting "
-                "kvgate has no counterpart for; README lists every setting)",
+                "kvgate has no counterpart for; docs/configuration.md lists every setting)",
                 name,
             )
         # A bad routing config (unknown plugin, bad parameter) stops start-up naming it.

@@ -286,12 +286,12 @@ class Declaration:
     meaning: str
     aliases: tuple[Alias, ...] = ()
     shown: Callable[[Any], str] | None = None
-    """How the README shows the default when its Python value reads badly (16 MiB)."""
+    """How docs/configuration.md shows the default when its Python value reads badly (16 MiB)."""
     secret: bool = False
     """Its value is never shown, not even in the error that refuses it."""
 
     def default_text(self, default: object) -> str:
-        """The default as the README and `kvgate settings` show it."""
+        """The default as docs/configuration.md and `kvgate settings` show it."""
         if self.shown is not None and default is not None:
             return self.shown(default)
         if default is None or default == ():
@@ -338,7 +338,7 @@ def _setting(
 class Settings:
     """Every setting of `kvgate serve`, each declared once: its field carries the default,
     the variable it is read from (and AIBrix's name for it, if any), the parser, what is
-    allowed and what it means. The README's table is generated from these declarations
+    allowed and what it means. docs/configuration.md's table is generated from them
     (`kvgate settings --markdown`) and a test keeps the two equal."""
 
     host: str = _setting(
@@ -781,8 +781,8 @@ def setting_declaration(name: str) -> tuple[Declaration, object]:
 
 
 def setting_groups() -> dict[str, list[tuple[Declaration, object]]]:
-    """The declarations with their defaults, as the README's two tables group them: the
-    gateway's, then the index's (README, "The indexer", "Limits")."""
+    """The declarations with their defaults, as docs/configuration.md's two tables group
+    them: the gateway's, then the index's."""
     index = IndexConfig()
     return {
         "gateway": [(declaration, default) for _, declaration, default in _declared()],
@@ -824,7 +824,7 @@ def read_config_file(path: Path) -> dict[str, str]:
     values: dict[str, str] = {}
     for name, value in data.items():
         if name not in known:
-            raise ConfigError(f"{where}: {name}", value, "a setting's name (README)")
+            raise ConfigError(f"{where}: {name}", value, "a setting's name (docs/configuration.md)")
         if isinstance(value, bool):
             values[name] = "true" if value else "false"
         elif isinstance(value, str | int | float):

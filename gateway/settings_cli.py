@@ -1,9 +1,10 @@
 """`kvgate settings`: every setting `kvgate serve` reads, with its default and meaning,
 generated from the declarations in `gateway/settings.py`.
 
-`--markdown` prints the README's tables; `--update-readme README.md` rewrites them in
-place (a test fails when the README and the declarations disagree); without either, a
-plain listing with the value the current environment gives each setting."""
+`--markdown` prints the tables of `docs/configuration.md`; `--update docs/configuration.md`
+rewrites them in place (a test fails when that page and the declarations disagree);
+without either, a plain listing with the value the current environment gives each
+setting."""
 
 from __future__ import annotations
 
@@ -21,18 +22,19 @@ _BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n)(.*?)(<!-- /settings:\2 -->)", 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--markdown", action="store_true", help="print the README's tables (Markdown)"
+        "--markdown", action="store_true", help="print the settings tables (Markdown)"
     )
     parser.add_argument(
-        "--update-readme", type=Path, metavar="README",
-        help="rewrite the generated tables between <!-- settings:GROUP --> markers",
+        "--update", type=Path, metavar="PAGE",
+        help="rewrite the generated tables of PAGE (docs/configuration.md) between "
+        "<!-- settings:GROUP --> markers",
     )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.update_readme is not None:
-        path: Path = args.update_readme
-        path.write_text(updated_readme(path.read_text(encoding="utf-8")), encoding="utf-8")
+    if args.update is not None:
+        path: Path = args.update
+        path.write_text(updated_page(path.read_text(encoding="utf-8")), encoding="utf-8")
         return 0
     if args.markdown:
         for group in setting_groups():
@@ -47,16 +49,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def markdown_table(group: str) -> str:
+    """The group's table for `docs/configuration.md`: the declarations' links, relative to
+    the repository's root, made relative to `docs/`."""
     rows = ["| variable | default | meaning |", "|---|---|---|"]
     for declaration, default in setting_groups()[group]:
-        rows.append(
-            f"| `{declaration.variable}` | {declaration.default_text(default)} "
-            f"| {_meaning(declaration)} |"
-        )
+        meaning = _meaning(declaration).replace("](docs/", "](")
+        default_text = declaration.default_text(default)
+        rows.append(f"| `{declaration.variable}` | {default_text} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 
-def updated_readme(text: str) -> str:
+def updated_page(text: str) -> str:
     """`text` with every generated block replaced by the declarations' current table."""
 
     def table(match: re.Match[str]) -> str:
@@ -65,8 +68,8 @@ def updated_readme(text: str) -> str:
     return _BLOCK.sub(table, text)
 
 
-def readme_groups(text: str) -> dict[str, str]:
-    """The generated blocks the README holds, by group."""
+def page_groups(text: str) -> dict[str, str]:
+    """The generated blocks a page holds, by group."""
     return {match.group(2): match.group(3) for match in _BLOCK.finditer(text)}
 
 

@@ -1,1 +1,1 @@
-"""`kvgate bench routing`: routers side by side on a simulated fleet (issue 8)."""
+"""`kvgate bench routing`: routers side by side on a simulated fleet."""

@@ -338,7 +338,7 @@ def test_hetero_is_chat_on_a_fleet_whose_second_half_is_slower() -> None:
 async def test_sticky_rr_keeps_each_conversation_on_its_first_engine(
     start_engine: StartEngine, tmp_path: Path
 ) -> None:
-    engines = [await start_engine(name=f"s{i}") for i in range(2)]
+    engines = [await start_engine(name=f"pod{i}") for i in range(2)]
     pods = tmp_path / "pods.json"
     pods.write_text(json.dumps({"pods": [
         {"name": s.engine.config.name, "url": s.url, "events": s.engine.publisher.events_endpoint}
@@ -363,7 +363,7 @@ async def test_sticky_rr_keeps_each_conversation_on_its_first_engine(
         await router.stop()
     assert all(len(pods_seen) == 1 for pods_seen in homes.values()), homes
     firsts = [next(iter(homes[c])) for c in ("a", "b", "c", "d")]
-    assert firsts == ["s0", "s1", "s0", "s1"]  # first turns in turn
+    assert firsts == ["pod0", "pod1", "pod0", "pod1"]  # first turns in turn
 
 
 async def test_baseline_routers_relay_streams_whole_and_refuse_with_502_when_an_engine_is_down(

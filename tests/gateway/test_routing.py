@@ -285,12 +285,12 @@ def test_round_robin_follows_a_new_candidate_tuple() -> None:
 def test_session_sticks_to_its_first_pod() -> None:
     picker = SessionPicker(MaxScorePicker(random.Random(0)))
     pods = [pod("a"), pod("b"), pod("c")]
-    first = picker.rank(bare_request(session="s1"), pods, {"a": 0.1, "b": 0.9, "c": 0.5})
+    first = picker.rank(bare_request(session="alice"), pods, {"a": 0.1, "b": 0.9, "c": 0.5})
     assert first[0].name == "b"
     # Scores change: the session stays on b; another session follows the scores.
-    later = picker.rank(bare_request(session="s1"), pods, {"a": 0.9, "b": 0.0, "c": 0.5})
+    later = picker.rank(bare_request(session="alice"), pods, {"a": 0.9, "b": 0.0, "c": 0.5})
     assert [p.name for p in later] == ["b", "a", "c"]
-    fresh = picker.rank(bare_request(session="s2"), pods, {"a": 0.9, "b": 0.0, "c": 0.5})
+    fresh = picker.rank(bare_request(session="bob"), pods, {"a": 0.9, "b": 0.0, "c": 0.5})
     assert fresh[0].name == "a"
     # No session: the fallback's ranking as is.
     plain = picker.rank(bare_request(), pods, {"a": 0.9, "b": 0.0, "c": 0.5})

@@ -1,5 +1,5 @@
-"""The README's configuration tables are the settings' declarations, rendered: a setting
-added, renamed or given a new default without the README following fails here."""
+"""docs/configuration.md's tables are the settings' declarations, rendered: a setting
+added, renamed or given a new default without that page following fails here."""
 
 from __future__ import annotations
 
@@ -8,25 +8,25 @@ import sys
 from pathlib import Path
 
 from gateway.settings import setting_groups
-from gateway.settings_cli import markdown_table, readme_groups, updated_readme
+from gateway.settings_cli import markdown_table, page_groups, updated_page
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
-def test_the_readme_tables_are_generated_from_the_declarations() -> None:
-    text = README.read_text(encoding="utf-8")
-    assert set(readme_groups(text)) == set(setting_groups())
-    for group, table in readme_groups(text).items():
+def test_the_configuration_tables_are_generated_from_the_declarations() -> None:
+    text = PAGE.read_text(encoding="utf-8")
+    assert set(page_groups(text)) == set(setting_groups())
+    for group, table in page_groups(text).items():
         assert table == markdown_table(group), (
-            f"README's {group} settings table is stale: run "
-            "`.venv/bin/kvgate settings --update-readme README.md`"
+            f"docs/configuration.md's {group} settings table is stale: run "
+            "`.venv/bin/kvgate settings --update docs/configuration.md`"
         )
-    assert updated_readme(text) == text
+    assert updated_page(text) == text
 
 
 def test_every_setting_is_in_a_table_once() -> None:
-    text = README.read_text(encoding="utf-8")
-    tables = "".join(readme_groups(text).values())
+    text = PAGE.read_text(encoding="utf-8")
+    tables = "".join(page_groups(text).values())
     for entries in setting_groups().values():
         for declaration, _ in entries:
             assert tables.count(f"| `{declaration.variable}` |") == 1, declaration.variable
@@ -49,3 +49,15 @@ def test_kvgate_settings_shows_what_the_environment_sets() -> None:
     )  # fmt: skip
     assert refused.returncode == 2
     assert "KVGATE_PORT='http'" in refused.stderr
+
+
+def test_kvgate_settings_update_rewrites_a_stale_table(tmp_path: Path) -> None:
+    current = PAGE.read_text(encoding="utf-8")
+    stale = tmp_path / "configuration.md"
+    stale.write_text(current.replace("| `KVGATE_PORT` | 8080 |", "| `KVGATE_PORT` | 80 |"))
+    assert stale.read_text(encoding="utf-8") != current
+    subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "settings", "--update", str(stale)],
+        capture_output=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert stale.read_text(encoding="utf-8") == current

@@ -234,7 +234,7 @@ async def test_engine_without_pin_support(start_gateway: StartGateway) -> None:
     error = answer.json()["error"]
     assert error["code"] == "no_pin_support" and "no pin support" in error["message"]
     # The request-level opt-in still serves, and keeps a pin-less lease for the session.
-    await chat(gw, CONVERSATION, **{"x-kvgate-pin": "ttl=60", "x-session-id": "s1", **PIN_AUTH})
+    await chat(gw, CONVERSATION, **{"x-kvgate-pin": "ttl=60", "x-session-id": "vip", **PIN_AUTH})
     await eventually(lambda: bool(gw.state.pins.leases()), what="a session lease")
     assert gw.state.pins.leases()[0].state == "no_pin_support"
     views = (await admin(gw, "GET", "/admin/pins")).json()["pods"]
