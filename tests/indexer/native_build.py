@@ -20,7 +20,8 @@ from pathlib import Path
 NATIVE_BUILD_ENV = "KVGATE_TEST_NATIVE_BUILD"
 
 CHILD_PRELUDE = "import tests.indexer.native_build as _b; _b.import_requested_build()\n"
-"""The first line of a child interpreter's script: the same build as the parent's."""
+"""The first line of a child interpreter's script when a build is named: the same build
+as the parent's (the child runs in the repository's root, where `tests` is found)."""
 
 
 def requested_build() -> Path | None:

@@ -34,7 +34,7 @@ from hypothesis.stateful import (
 
 from indexer import PrefixHasher
 from indexer.native import load_native
-from tests.indexer.native_build import CHILD_PRELUDE
+from tests.indexer.native_build import CHILD_PRELUDE, requested_build
 
 NATIVE = load_native(pure=False)
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="indexer._native is not built")
@@ -324,8 +324,9 @@ def _run(script: str) -> str:
     """Runs `script` in a fresh interpreter, on the same build of the extension as this
     one; fails on a crash (or any error) with its output, so a segfault is one failing
     test rather than the end of the run."""
+    prelude = CHILD_PRELUDE if requested_build() is not None else ""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD_PRELUDE + textwrap.dedent(script)],
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
         capture_output=True,
         text=True,
         timeout=120,
