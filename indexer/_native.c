@@ -1,7 +1,8 @@
 /* indexer._native: the index's hot primitives, compiled.
  *
- * - xxh64 and the gateway's chained block hashing (hash definition 2, see hashing.py):
- *   identical to the pure-Python path, which calls the xxhash package.
+ * - xxh64 (the reference xxhash.h, vendored in third_party/) and the gateway's chained
+ *   block hashing (hash definition 2, see hashing.py): identical to the pure-Python
+ *   path, which calls the xxhash package.
  * - U64Map: an insertion-ordered mapping that stores 64-bit unsigned int keys and int
  *   values unboxed (16 bytes an item instead of a dict entry plus two int objects), with
  *   any other key or value kept as an object reference; an optional column of float
@@ -29,87 +30,12 @@
 
 /* -- xxh64 ---------------------------------------------------------------------------- */
 
-static const uint64_t P1 = 11400714785074694791ULL;
-static const uint64_t P2 = 14029467366897019727ULL;
-static const uint64_t P3 = 1609587929392839161ULL;
-static const uint64_t P4 = 9650029242287828579ULL;
-static const uint64_t P5 = 2870177450012600261ULL;
-
-static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static inline uint64_t read64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if KV_BIG_ENDIAN
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-static inline uint32_t read32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if KV_BIG_ENDIAN
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
-
-static inline uint64_t xround(uint64_t acc, uint64_t input) {
-    acc += input * P2;
-    acc = rotl64(acc, 31);
-    return acc * P1;
-}
-
-static inline uint64_t xmerge(uint64_t acc, uint64_t val) {
-    acc ^= xround(0, val);
-    return acc * P1 + P4;
-}
-
-static uint64_t xxh64(const uint8_t *p, size_t len, uint64_t seed) {
-    const uint8_t *end = p + len;
-    uint64_t h;
-    if (len >= 32) {
-        const uint8_t *limit = end - 32;
-        uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
-        do {
-            v1 = xround(v1, read64(p));
-            v2 = xround(v2, read64(p + 8));
-            v3 = xround(v3, read64(p + 16));
-            v4 = xround(v4, read64(p + 24));
-            p += 32;
-        } while (p <= limit);
-        h = rotl64(v1, 1) + rotl64(v2, 7) + rotl64(v3, 12) + rotl64(v4, 18);
-        h = xmerge(h, v1);
-        h = xmerge(h, v2);
-        h = xmerge(h, v3);
-        h = xmerge(h, v4);
-    } else {
-        h = seed + P5;
-    }
-    h += (uint64_t)len;
-    while (p + 8 <= end) {
-        h ^= xround(0, read64(p));
-        h = rotl64(h, 27) * P1 + P4;
-        p += 8;
-    }
-    if (p + 4 <= end) {
-        h ^= (uint64_t)read32(p) * P1;
-        h = rotl64(h, 23) * P2 + P3;
-        p += 4;
-    }
-    while (p < end) {
-        h ^= (uint64_t)(*p) * P5;
-        h = rotl64(h, 11) * P1;
-        p++;
-    }
-    h ^= h >> 33;
-    h *= P2;
-    h ^= h >> 29;
-    h *= P3;
-    h ^= h >> 32;
-    return h;
-}
+/* The reference implementation, vendored unmodified (indexer/third_party/README.md says
+ * which release): every function static inline in this file, and only XXH64 of it. */
+#define XXH_INLINE_ALL
+#define XXH_NO_XXH3
+#define XXH_NO_STREAM
+#include "third_party/xxhash.h"
 
 /* -- int conversion ------------------------------------------------------------------- */
 
@@ -314,7 +240,7 @@ static PyObject *native_chain(PyObject *module, PyObject *const *args, Py_ssize_
     const uint8_t *bytes = (const uint8_t *)raw;
     size_t step = (size_t)size * 4;
     for (Py_ssize_t b = 0; b < blocks; b++) {
-        parent = xxh64(bytes + (size_t)b * step, step, parent);
+        parent = XXH64(bytes + (size_t)b * step, step, parent);
         PyObject *h = PyLong_FromUnsignedLongLong(parent);
         if (h == NULL) {
             goto fail;
@@ -349,7 +275,7 @@ static PyObject *native_xxh64(PyObject *module, PyObject *const *args, Py_ssize_
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    uint64_t h = xxh64(view.buf, (size_t)view.len, seed);
+    uint64_t h = XXH64(view.buf, (size_t)view.len, seed);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLongLong(h);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv/ (once) and installs kvgate with its dev tools into it.
-# Re-runs pip only when pyproject.toml or the C extension's source (indexer/_native.c,
-# compiled by the install) changed since the last install.
+# Re-runs pip only when pyproject.toml or the C extension's source (indexer/_native.c and
+# the xxhash.h it includes, compiled by the install) changed since the last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,7 +33,7 @@ sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Pyth
 fi
 
 stamp=.venv/.kvgate-installed
-want="$(cat pyproject.toml indexer/_native.c | sha256sum | cut -d' ' -f1)"
+want="$(cat pyproject.toml indexer/_native.c indexer/third_party/xxhash.h | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ ! -x .venv/bin/kvgate ]; then
     echo "bootstrap: installing kvgate and its dependencies into .venv/" >&2
     .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip

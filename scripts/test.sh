@@ -31,5 +31,12 @@ if [ "$#" -eq 0 ] && [ "$status" -eq 0 ]; then
     KVGATE_PURE_PYTHON=1 pytest -q tests/indexer
     status=$?
 fi
+# The compiled index is C: its tests run once more on a build with AddressSanitizer and
+# UndefinedBehaviorSanitizer (scripts/sanitize_native.sh), which stop at the first error.
+if [ "$#" -eq 0 ] && [ "$status" -eq 0 ]; then
+    echo "== sanitizers: tests/indexer on indexer/_native.c with ASan+UBSan"
+    scripts/sanitize_native.sh
+    status=$?
+fi
 set -e
 exit "$status"

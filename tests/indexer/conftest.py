@@ -9,6 +9,12 @@ import pytest
 
 from indexer import IndexConfig, IndexLimits, SyncPrefixHashTable
 from tests.helpers import FakeClock
+from tests.indexer.native_build import import_requested_build
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The build KVGATE_TEST_NATIVE_BUILD names, if any, is the one under test."""
+    import_requested_build()
 
 
 @dataclass(frozen=True, slots=True)

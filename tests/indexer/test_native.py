@@ -30,6 +30,7 @@ from indexer.native import (
 )
 from tests.helpers import FakeClock
 from tests.indexer.conftest import Stored
+from tests.indexer.native_build import NATIVE_BUILD_ENV, requested_build
 
 NATIVE = load_native(pure=False)
 needs_native = pytest.mark.skipif(NATIVE is None, reason="indexer._native is not built")
@@ -61,6 +62,19 @@ def test_only_a_build_of_this_source_is_used() -> None:
         pytest.skip("indexer._native is not built")
     assert _native.INTERFACE == NATIVE_INTERFACE
     assert load_native(pure=False) is not None
+
+
+def test_a_build_named_for_the_tests_is_the_one_they_run() -> None:
+    """scripts/sanitize_native.sh runs this directory against its ASan/UBSan build of
+    indexer/_native.c (tests/indexer/conftest.py imports it): the primitives every test
+    calls come from that file, not from the installed extension."""
+    build = requested_build()
+    if build is None:
+        pytest.skip(f"{NATIVE_BUILD_ENV} is not set: the installed extension is tested")
+    assert NATIVE is not None
+    module = getattr(NATIVE.chain, "__self__", None)
+    assert Path(getattr(module, "__file__", "")) == build
+    assert SyncPrefixHashTable().compiled
 
 
 def test_kvgate_pure_python_forces_the_pure_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +34,7 @@ from hypothesis.stateful import (
 
 from indexer import PrefixHasher
 from indexer.native import load_native
+from tests.indexer.native_build import CHILD_PRELUDE, requested_build
 
 NATIVE = load_native(pure=False)
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="indexer._native is not built")
@@ -319,10 +321,12 @@ def test_an_index_that_raises_something_else_goes_through() -> None:
 
 
 def _run(script: str) -> str:
-    """Runs `script` in a fresh interpreter; fails on a crash (or any error) with its
-    output, so a segfault is one failing test rather than the end of the run."""
+    """Runs `script` in a fresh interpreter, on the same build of the extension as this
+    one; fails on a crash (or any error) with its output, so a segfault is one failing
+    test rather than the end of the run."""
+    prelude = CHILD_PRELUDE if requested_build() is not None else ""
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)],
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -330,6 +334,14 @@ def _run(script: str) -> str:
     )
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+def test_the_children_run_the_build_this_process_tests() -> None:
+    """Under scripts/sanitize_native.sh that is the sanitized build, not the installed one."""
+    from indexer import _native
+
+    child = _run("from indexer import _native; print(_native.__file__)").strip()
+    assert Path(child).resolve() == Path(_native.__file__).resolve()
 
 
 def test_a_finalizer_of_a_replaced_value_may_clear_the_map() -> None:
