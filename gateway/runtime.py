@@ -2,8 +2,8 @@
 
 Event decoding allocates GC-tracked objects (events, lists) by the thousand per batch;
 with CPython's default generation-0 threshold (700 allocations) the collector runs
-constantly. The index itself no longer holds a GC-tracked object per block (its blocks
-are ints in dicts since issue 15; before, this setting nearly doubled ingest). kvgate's
+constantly. The index itself holds no GC-tracked object per block (its blocks are ints,
+or items of the compiled index's arrays). kvgate's
 processes raise it once at start-up (`KVGATE_GC_GEN0_THRESHOLD`, 0 keeps CPython's
 default).
 """
