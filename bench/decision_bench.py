@@ -40,11 +40,11 @@ from bench.results_io import (
     print_table,
     write_json,
 )
-from gateway.discovery import Pod
-from gateway.metrics import GatewayMetrics
-from gateway.registry import PodRegistry, PodState
-from gateway.router import Kind, Routed, Router, build_policies
+from gateway.control.discovery import Pod
+from gateway.control.registry import PodRegistry, PodState
+from gateway.observability.metrics import GatewayMetrics
 from gateway.routing import CostModel, PinLookup
+from gateway.routing.router import Kind, Routed, Router, build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable

@@ -27,44 +27,45 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import admin, api, passthrough
-from gateway.client_address import ForwardedClients, TrustedProxies
-from gateway.discovery import Discovery, DiscoveryEvents, build_discovery, run_resynced
-from gateway.errors import GatewayError, NotFound, clip, refusal
-from gateway.http1 import Http1Pool
-from gateway.limits import ConcurrencyLimit
-from gateway.local_tokenizer import LocalTokenizers
-from gateway.metrics import GatewayMetrics
-from gateway.model_catalog import ModelCatalog
-from gateway.persistence import (
+from gateway.control import admin
+from gateway.control.discovery import Discovery, DiscoveryEvents, build_discovery, run_resynced
+from gateway.control.persistence import (
     BootstrapMetrics,
     SnapshotRestorer,
     cost_model_from_peer,
     restore_snapshots,
     snapshot_writer,
 )
-from gateway.pinning import api as pinning_api
-from gateway.pinning.client import PinClient
-from gateway.pinning.manager import PinConfig, PinManager
-from gateway.prompt_tokenizer import PromptTokenizer
-from gateway.proxy import ClientGone, Upstream, UpstreamCut
-from gateway.reaper import DeadPodReaper
-from gateway.registry import PodRegistry
-from gateway.replication import (
+from gateway.control.pinning import api as pinning_api
+from gateway.control.pinning.client import PinClient
+from gateway.control.pinning.manager import PinConfig, PinManager
+from gateway.control.reaper import DeadPodReaper
+from gateway.control.registry import PodRegistry
+from gateway.control.replication import (
     CurveKeys,
     RegistryFleet,
     ReplicaSync,
     ReplicaSyncCollector,
     load_keys,
 )
-from gateway.request_id import RequestIds
-from gateway.router import Router, build_policies
+from gateway.control.supervisor import Supervisor
+from gateway.errors import GatewayError, NotFound, clip, refusal
+from gateway.http import api, passthrough
+from gateway.http.client_address import ForwardedClients, TrustedProxies
+from gateway.http.limits import ConcurrencyLimit
+from gateway.http.request_id import RequestIds
+from gateway.observability.metrics import GatewayMetrics
 from gateway.routing import CostModel, PinLookup
-from gateway.scraper import MetricsScraper
+from gateway.routing.router import Router, build_policies
 from gateway.settings import Settings
 from gateway.state import GatewayState
-from gateway.supervisor import Supervisor
-from gateway.tokenizer import RemoteTokenizer
+from gateway.upstream.http1 import Http1Pool
+from gateway.upstream.local_tokenizer import LocalTokenizers
+from gateway.upstream.model_catalog import ModelCatalog
+from gateway.upstream.prompt_tokenizer import PromptTokenizer
+from gateway.upstream.proxy import ClientGone, Upstream, UpstreamCut
+from gateway.upstream.scraper import MetricsScraper
+from gateway.upstream.tokenizer import RemoteTokenizer
 from indexer import SyncPrefixHashTable
 from subscriber import IndexSink, SubscriberManager
 
@@ -383,9 +384,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 class _CutConnections:
     """An engine failure after the response started ends it unfinished: uvicorn then drops
     the client's connection, as the engine's own failure would have. Inside it, request ids
-    and the access log (`gateway/request_id.py`) wrap the whole app, errors included; then
+    and the access log (`gateway/http/request_id.py`) wrap the whole app, errors included; then
     the forwarded client address (with `KVGATE_TRUSTED_PROXIES`,
-    `gateway/client_address.py`), the concurrency limit, then the generation lane
+    `gateway/http/client_address.py`), the concurrency limit, then the generation lane
     (`api.GenerationLane`) in front of the starlette app that serves every other route."""
 
     def __init__(

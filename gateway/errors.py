@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import JSONResponse
 
 if TYPE_CHECKING:
-    from gateway.metrics import GatewayMetrics
+    from gateway.observability.metrics import GatewayMetrics
 
 
 ECHO_LIMIT = 256

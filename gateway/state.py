@@ -8,15 +8,15 @@ from typing import Protocol
 
 from starlette.requests import Request
 
-from gateway.discovery import Discovery
-from gateway.metrics import GatewayMetrics
-from gateway.model_catalog import ModelCatalog
-from gateway.pinning.manager import PinManager
-from gateway.proxy import Upstream
-from gateway.registry import PodRegistry
-from gateway.replication import ReplicaSync
-from gateway.router import Router
+from gateway.control.discovery import Discovery
+from gateway.control.pinning.manager import PinManager
+from gateway.control.registry import PodRegistry
+from gateway.control.replication import ReplicaSync
+from gateway.observability.metrics import GatewayMetrics
+from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.upstream.model_catalog import ModelCatalog
+from gateway.upstream.proxy import Upstream
 from indexer import SyncPrefixHashTable
 from subscriber import SubscriberManager
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gateway.registry import PodState
+from gateway.control.registry import PodState
 from gateway.routing.request import RoutingRequest
 from indexer import ModelContext
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gateway.commands.settings import markdown_table, readme_groups, updated_readme
 from gateway.settings import setting_groups
-from gateway.settings_cli import markdown_table, readme_groups, updated_readme
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

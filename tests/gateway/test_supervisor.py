@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.app import create_app
-from gateway.discovery import DiscoveryEvents, PodListener, StaticFileDiscovery
-from gateway.server import GatewayServer
+from gateway.control.discovery import DiscoveryEvents, PodListener, StaticFileDiscovery
+from gateway.control.supervisor import Supervisor
+from gateway.http.server import GatewayServer
 from gateway.settings import Settings
-from gateway.supervisor import Supervisor
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
 from tests.helpers import eventually
