@@ -28,7 +28,7 @@ from gateway.state import GatewayState, state_of
 from indexer import EngineHash, Tier, encode_snapshot
 
 
-def _authorized(request: Request) -> GatewayState:
+def authorized(request: Request) -> GatewayState:
     gateway = state_of(request)
     token = gateway.settings.admin_token
     if token is None:
@@ -88,7 +88,7 @@ def _pod_view(gateway: GatewayState, state: PodState) -> dict[str, Any]:
 
 
 async def pods(request: Request) -> Response:
-    gateway = _authorized(request)
+    gateway = authorized(request)
     sync = gateway.replica_sync
     return JSONResponse(
         {
@@ -99,7 +99,7 @@ async def pods(request: Request) -> Response:
 
 
 async def index(request: Request) -> Response:
-    gateway = _authorized(request)
+    gateway = authorized(request)
     name = request.query_params.get("pod")
     if not name:
         raise BadRequest("query parameter `pod` is required", param="pod")
@@ -122,7 +122,7 @@ async def index(request: Request) -> Response:
 
 async def match(request: Request) -> Response:
     """Exactly what a routing decision would see for this prompt, without sending it."""
-    gateway = _authorized(request)
+    gateway = authorized(request)
     settings = gateway.settings
     raw, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
     kind: Kind = "chat" if "messages" in body else "completion"
@@ -211,13 +211,13 @@ def _tpot_view(tpot: TpotPrediction) -> dict[str, Any]:
 
 async def cost_model(request: Request) -> Response:
     """The learned TTFT models (the fleet's and each answered pod's), for a new replica."""
-    gateway = _authorized(request)
+    gateway = authorized(request)
     return JSONResponse(gateway.router.cost.export())
 
 
 async def snapshot(request: Request) -> Response:
     """The pod's index snapshot now (the snapshot file format), for a new replica."""
-    gateway = _authorized(request)
+    gateway = authorized(request)
     name = request.query_params.get("pod")
     if not name:
         raise BadRequest("query parameter `pod` is required", param="pod")

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.control.admin import _authorized
+from gateway.control.admin import authorized
 from gateway.control.pinning.manager import PinManager
 from gateway.errors import BadRequest, NotFound, UpstreamError, clip
 from gateway.http.api import read_json, validate
@@ -36,7 +36,7 @@ def _ttl(body: Mapping[str, Any]) -> float | None:
 
 
 async def pin(request: Request) -> Response:
-    gateway = _authorized(request)
+    gateway = authorized(request)
     pins = _manager(gateway)
     _, body = await read_json(request, gateway.settings.max_body_bytes)
     kind: Kind = "chat" if "messages" in body else "completion"
@@ -70,7 +70,7 @@ async def pin(request: Request) -> Response:
 
 
 async def unpin(request: Request) -> Response:
-    gateway = _authorized(request)
+    gateway = authorized(request)
     pins = _manager(gateway)
     _, body = await read_json(request, gateway.settings.max_body_bytes)
     lease_id = body.get("id")
@@ -83,7 +83,7 @@ async def unpin(request: Request) -> Response:
 
 
 async def list_pins(request: Request) -> Response:
-    gateway = _authorized(request)
+    gateway = authorized(request)
     pins = _manager(gateway)
     now = time.monotonic()
     return JSONResponse(
