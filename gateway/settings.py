@@ -21,16 +21,14 @@ from gateway.control.replication.keys import (
     z85_keys,
 )
 from gateway.errors import ConfigError
+from gateway.routing.config import builtin_names
 from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE, CostParams
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import IndexConfig, IndexLimits, Tier
 
 logger = logging.getLogger(__name__)
 
-POLICIES = (
-    "prefix-cache", "predicted-latency", "prefix-share", "least-request", "round-robin", "random",
-    "session", "least-kv-cache",
-)  # fmt: skip
+POLICIES = builtin_names()
 """The built-in policies (gateway/routing/policies.toml); a routing config may add more."""
 AIBRIX_STRATEGIES = {
     "random": "random",
