@@ -43,7 +43,7 @@ from bench.results_io import (
 from gateway.control.discovery import Pod
 from gateway.control.registry import PodRegistry, PodState
 from gateway.observability.metrics import GatewayMetrics
-from gateway.routing import CostModel, PinLookup
+from gateway.routing import CostModel
 from gateway.routing.router import Kind, Routed, Router, build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import Settings
@@ -147,7 +147,6 @@ async def _measure(
         default_policy="prefix-cache",
         metrics=GatewayMetrics(CollectorRegistry()),
         cost=cost,
-        pins=PinLookup(),
     )
     routes: dict[str, list[float]] = {policy: [] for policy in POLICIES}
     decisions: dict[str, list[float]] = {policy: [] for policy in POLICIES}

@@ -345,7 +345,7 @@ async def health(request: Request) -> Response:
 def readiness(gateway: GatewayState) -> tuple[bool, str]:
     if not gateway.discovery_ready.is_set():
         return False, "discovery has not reported the pods yet"
-    down = gateway.background.down if gateway.background is not None else set()
+    down = gateway.background.down
     if "discovery" in down:
         return False, "discovery failed and is restarting: the pod list may be stale"
     routable = gateway.registry.routable()

@@ -184,14 +184,14 @@ async def _forward(
 
 async def models(request: Request) -> Response:
     gateway = state_of(request)
-    data = await gateway.models.cards() if gateway.models is not None else []
+    data = await gateway.models.cards()
     return JSONResponse({"object": "list", "data": data})
 
 
 async def model(request: Request) -> Response:
     gateway = state_of(request)
     name = request.path_params["model"]
-    cards = await gateway.models.cards() if gateway.models is not None else []
+    cards = await gateway.models.cards()
     for card in cards:
         if card["id"] == name:
             return JSONResponse(card)

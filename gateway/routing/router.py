@@ -14,10 +14,10 @@ from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreacha
 from gateway.observability.logs import ACCESS_FIELDS
 from gateway.observability.metrics import GatewayMetrics
 from gateway.routing import (
+    Affinity,
     CostModel,
     Decision,
     LoadEstimator,
-    PinLookup,
     PluginContext,
     Prediction,
     RoutingProfile,
@@ -75,7 +75,7 @@ class Router:
         default_policy: str,
         metrics: GatewayMetrics,
         cost: CostModel,
-        pins: PinLookup,
+        sink: DecisionSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
         max_prompt_tokens: int | None = None,
         log_predictions: bool = False,
@@ -93,14 +93,13 @@ class Router:
             for stage in ("tokenize", "match", "decide", "total")
         }
         self.cost = cost
-        self.pins = pins
-        """Where the pin manager plugs in its leases (the `pin-affinity` plugin reads it)."""
         self._clock = clock
         self._max_prompt_tokens = max_prompt_tokens
         self.prompt_sizes = prompt_sizes or PromptSizes()
         """What a prompt that was not tokenized is costed at (learned from those counted)."""
-        self.sync: DecisionSink | None = None
-        """Set when replicas share their decisions (`gateway/control/replication/`)."""
+        self._sink = sink
+        """Hears of every routed request's life when replicas share their decisions
+        (`gateway/control/replication/`)."""
         self._log_predictions = log_predictions
         if log_predictions:  # whatever the gateway's log level (`KVGATE_PREDICTION_LOG`)
             prediction_logger.setLevel(logging.INFO)
@@ -251,12 +250,12 @@ class Router:
             prompt_tokens=request.prompt_tokens,
             fleet_own_tokens=max(0.0, request.prompt_tokens - longest * self._block_size),
         )
-        if self.sync is not None:
+        if self._sink is not None:
             # Only the blocks the pod does not hold yet: the peers' own view has the rest
             # (the same engine events, our earlier decisions), and a long conversation's
             # turn then costs them a few blocks, not its whole history.
             held = routed.matched_blocks(state.name)
-            self.sync.decided(ticket, request.context, routed.prefix_hashes[held:])
+            self._sink.decided(ticket, request.context, routed.prefix_hashes[held:])
         slo = request.slo_ttft_s
         if slo is not None:
             met = prediction.ttft_s <= slo
@@ -272,8 +271,8 @@ class Router:
         if ticket is None or ticket.pod != state.name:
             return
         observed = self.cost.first_byte(ticket)
-        if self.sync is not None:
-            self.sync.answered(ticket)
+        if self._sink is not None:
+            self._sink.answered(ticket)
         if observed is None:
             return
         error = observed - ticket.prediction.ttft_s
@@ -317,8 +316,8 @@ class Router:
         if ticket.phase == "done":
             return
         self.cost.finish(ticket)
-        if self.sync is not None:
-            self.sync.finished(ticket)
+        if self._sink is not None:
+            self._sink.finished(ticket)
 
     def _hashes(self, tokens: list[int]) -> list[int]:
         try:
@@ -400,23 +399,23 @@ def build_policies(
     rng: random.Random,
     *,
     cost: CostModel | None = None,
-    pins: PinLookup | None = None,
+    affinity: Affinity | None = None,
     timer: PluginTimer | None = None,
 ) -> dict[str, RoutingProfile]:
     """The built-in policies with `settings.routing_config` laid over them."""
-    context = plugin_context(settings, rng, cost or CostModel(), pins or PinLookup())
+    context = plugin_context(settings, rng, cost or CostModel(), affinity)
     return configured_profiles(settings.routing_config, settings.default_policy, context, timer)
 
 
 def plugin_context(
-    settings: Settings, rng: random.Random, cost: CostModel, pins: PinLookup
+    settings: Settings, rng: random.Random, cost: CostModel, affinity: Affinity | None
 ) -> PluginContext:
     """What every routing plugin of one gateway shares, with defaults from `settings`."""
     return PluginContext(
         rng=rng,
         load=LoadEstimator(),
         cost=cost,
-        pins=pins,
+        affinity=affinity,
         block_size=settings.index.block_size,
         hot_spot_margin=settings.hot_spot_margin,
         tier_weights=settings.tier_weights,

@@ -3,6 +3,7 @@
 from gateway.control.discovery.base import (
     Discovery,
     DiscoveryEvents,
+    DiscoveryFactory,
     PodListener,
     run_resynced,
     sync_pods,
@@ -15,6 +16,7 @@ from gateway.control.discovery.static import StaticFileDiscovery, load_pods_file
 __all__ = [
     "Discovery",
     "DiscoveryEvents",
+    "DiscoveryFactory",
     "KubernetesDiscovery",
     "Pod",
     "PodListener",

@@ -48,17 +48,19 @@ class Discovery(Protocol):
 
     `run` reports the initial set, sets `ready`, then keeps reporting changes until it is
     cancelled. It must not raise for a transient failure (retry, keep the last good view,
-    tell `events.error`); it raises only if the first load is impossible (bad
-    configuration).
+    tell the `DiscoveryEvents` it was built with); it raises only if the first load is
+    impossible (bad configuration).
     """
-
-    events: DiscoveryEvents
 
     async def run(self, listener: PodListener, ready: asyncio.Event) -> None: ...
 
     def request_reload(self) -> None:
         """Look again now (SIGHUP): a source that follows its changes as they happen may
         ignore it."""
+
+
+DiscoveryFactory = Callable[[DiscoveryEvents], Discovery]
+"""Builds a discovery source that reports to the given events (`create_app`'s `discovery`)."""
 
 
 async def sync_pods(listener: PodListener, current: dict[str, Pod], wanted: list[Pod]) -> None:

@@ -12,18 +12,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.control.admin import authorized
-from gateway.control.pinning.manager import PinManager
 from gateway.errors import BadRequest, NotFound, UpstreamError, clip
 from gateway.http.api import read_json, validate
 from gateway.routing.router import Kind
-from gateway.state import GatewayState
-
-
-def _manager(gateway: GatewayState) -> PinManager:
-    pins: PinManager | None = gateway.pins
-    if pins is None:
-        raise NotFound("pinning is not enabled on this gateway")
-    return pins
 
 
 def _ttl(body: Mapping[str, Any]) -> float | None:
@@ -37,7 +28,7 @@ def _ttl(body: Mapping[str, Any]) -> float | None:
 
 async def pin(request: Request) -> Response:
     gateway = authorized(request)
-    pins = _manager(gateway)
+    pins = gateway.pins
     _, body = await read_json(request, gateway.settings.max_body_bytes)
     kind: Kind = "chat" if "messages" in body else "completion"
     validate(kind, body)
@@ -71,7 +62,7 @@ async def pin(request: Request) -> Response:
 
 async def unpin(request: Request) -> Response:
     gateway = authorized(request)
-    pins = _manager(gateway)
+    pins = gateway.pins
     _, body = await read_json(request, gateway.settings.max_body_bytes)
     lease_id = body.get("id")
     if not isinstance(lease_id, str) or not lease_id:
@@ -84,7 +75,7 @@ async def unpin(request: Request) -> Response:
 
 async def list_pins(request: Request) -> Response:
     gateway = authorized(request)
-    pins = _manager(gateway)
+    pins = gateway.pins
     now = time.monotonic()
     return JSONResponse(
         {

@@ -71,7 +71,7 @@ def session_pin_hook(
     2xx (pin the conversation there when its blocks are stored). None when the request did
     not opt in; PinForbidden without the pin or admin token, BadRequest for a bad TTL."""
     pins = gateway.pins
-    if header is None or pins is None:
+    if header is None:
         return None
     authorise_pin(gateway.settings, credential)
     ttl = parse_pin_header(header)
