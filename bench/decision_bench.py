@@ -42,8 +42,8 @@ from bench.results_io import (
 )
 from gateway.control.discovery import Pod
 from gateway.control.registry import PodRegistry, PodState
-from gateway.observability.metrics import GatewayMetrics
 from gateway.routing import CostModel
+from gateway.routing.metrics import RouterMetrics
 from gateway.routing.router import Kind, Routed, Router, build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import Settings
@@ -145,7 +145,7 @@ async def _measure(
         tokenizer=None,
         policies=build_policies(settings, rng, cost=cost),
         default_policy="prefix-cache",
-        metrics=GatewayMetrics(CollectorRegistry()),
+        metrics=RouterMetrics(CollectorRegistry()),
         cost=cost,
     )
     routes: dict[str, list[float]] = {policy: [] for policy in POLICIES}

@@ -22,7 +22,6 @@ from starlette.types import ASGIApp
 from gateway.control import admin
 from gateway.control.discovery import (
     Discovery,
-    DiscoveryEvents,
     DiscoveryFactory,
     build_discovery,
 )
@@ -53,9 +52,7 @@ def create_app(
     `discovery` builds the pod source from the events it reports to (default: the one
     `KVGATE_DISCOVERY` names)."""
     metrics = GatewayMetrics(metrics_registry or CollectorRegistry())
-    events = DiscoveryEvents(
-        error=lambda _error: metrics.discovery_errors.inc(), relist=metrics.discovery_relists.inc
-    )
+    events = metrics.control.discovery_events()
     base = Foundation(
         settings=settings,
         discovery=(discovery or functools.partial(build_discovery, settings))(events),
@@ -84,7 +81,7 @@ def create_app(
         api.GenerationLane(app),
         limit=settings.max_concurrent_requests,
         bodies_per_client=settings.max_bodies_per_client,
-        on_reject=metrics.rejected.labels("TooManyRequests").inc,
+        on_reject=metrics.http.rejected.labels("TooManyRequests").inc,
     )
     if settings.trusted_proxies:  # no proxy trusted: no layer, the peer is the client
         limited = ForwardedClients(limited, TrustedProxies(settings.trusted_proxies))
@@ -93,7 +90,7 @@ def create_app(
         app,
         access_log=settings.access_log,
         admin_port=settings.admin_port,
-        on_invalid_header=lambda header: metrics.invalid_headers.labels(header).inc(),
+        on_invalid_header=lambda header: metrics.http.invalid_headers.labels(header).inc(),
     )
 
 
@@ -125,7 +122,7 @@ def _reload_on_sighup(discovery: Discovery) -> Iterator[None]:
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     gateway = getattr(request.app.state, "gateway", None)
-    return refusal(exc, None if gateway is None else gateway.metrics)
+    return refusal(exc, None if gateway is None else gateway.metrics.http)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -36,6 +36,7 @@ from gateway.control.persistence import (
 )
 from gateway.control.pinning.client import PinClient
 from gateway.control.pinning.manager import PinConfig, PinManager
+from gateway.control.pinning.metrics import PinMetrics
 from gateway.control.reaper import DeadPodReaper
 from gateway.control.registry import PodRegistry
 from gateway.control.replication import (
@@ -110,17 +111,17 @@ async def start_gateway(base: Foundation, stack: contextlib.AsyncExitStack) -> G
         else None
     )
     sync = _replica_sync(base, stack, cost, registry, models)
-    pins = _pin_manager(settings, table, registry, clients.control, metrics)
+    pins = _pin_manager(settings, table, registry, clients.control, metrics.pins)
     stack.push_async_callback(pins.close)  # unpin all: after the tasks stop, before the client
     router = Router(
         registry=registry,
         table=table,
         tokenizer=tokenizer,
         policies=build_policies(
-            settings, base.rng, cost=cost, affinity=pins.affinity, timer=metrics.time_plugin
+            settings, base.rng, cost=cost, affinity=pins.affinity, timer=metrics.routing.time_plugin
         ),
         default_policy=settings.default_policy,
-        metrics=metrics,
+        metrics=metrics.routing,
         cost=cost,
         sink=sync,
         max_prompt_tokens=settings.max_prompt_tokens,
@@ -128,7 +129,7 @@ async def start_gateway(base: Foundation, stack: contextlib.AsyncExitStack) -> G
     )
     metrics.watch_fleet(registry, table, lambda: subscribers.rejects if subscribers else None, cost)
     metrics.prometheus.register(ReplicaSyncCollector(lambda: sync))
-    background = Supervisor(metrics.background_restarts)
+    background = Supervisor(metrics.control.background_restarts)
     stack.push_async_callback(background.stop)
     gateway = GatewayState(
         settings=settings,
@@ -136,7 +137,7 @@ async def start_gateway(base: Foundation, stack: contextlib.AsyncExitStack) -> G
         metrics=metrics,
         registry=registry,
         router=router,
-        upstream=Upstream(clients.pool, metrics, pulse=cost.pulse),
+        upstream=Upstream(clients.pool, metrics.upstream, pulse=cost.pulse),
         subscribers=subscribers,
         started_at=int(time.time()),
         discovery=base.discovery,
@@ -283,7 +284,7 @@ def _pin_manager(
     table: SyncPrefixHashTable,
     registry: PodRegistry,
     client: httpx.AsyncClient,
-    metrics: GatewayMetrics,
+    metrics: PinMetrics,
 ) -> PinManager:
     return PinManager(
         table=table,
@@ -326,7 +327,7 @@ async def _start_background(
         client,
         interval_s=settings.scrape_interval_s,
         unhealthy_after=settings.unhealthy_after,
-        failures=gateway.metrics.scrape_failures,
+        failures=gateway.metrics.upstream.scrape_failures,
         on_scrape=lambda state, ok: (
             cost.note_scrape(state.name, state.scraped_at)
             if ok and state.scraped_at is not None
@@ -337,7 +338,7 @@ async def _start_background(
     if tokenizer is not None:
         background.start("tokenizer-load", lambda: tokenizer.preload(registry.models))
     background.start("index-eviction", lambda: _evict_periodically(gateway.table, settings))
-    reaper = DeadPodReaper(registry, gateway.upstream, gateway.metrics.dead_pod_cuts,
+    reaper = DeadPodReaper(registry, gateway.upstream, gateway.metrics.control.dead_pod_cuts,
                            grace_s=settings.dead_pod_grace_s)  # fmt: skip
     background.start("dead-pod-reaper", reaper.run)
     background.start("pin-reconcile", gateway.pins.run)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from prometheus_client import Counter
 
 from gateway.control.registry import PodRegistry
-from gateway.observability.metrics import Children
+from gateway.observability.children import Children
 from gateway.upstream.proxy import Upstream
 
 logger = logging.getLogger(__name__)

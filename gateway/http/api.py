@@ -209,7 +209,7 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
         if state is not first:  # a retry: the blocks and the prefill go to this pod instead
             router.dispatch(routed, state)
 
-    model_metrics = gateway.metrics
+    model_metrics = gateway.metrics.http
     model = body["model"]
     meter = UsageMeter()
     served_status = 0
@@ -306,7 +306,7 @@ class Generation:
         try:
             response = await _generate(request, self.kind, self.path)
         except GatewayError as error:
-            response = refusal(error, state_of(request).metrics)
+            response = refusal(error, state_of(request).metrics.http)
         await response(scope, receive, send)
 
 

@@ -12,7 +12,6 @@ from typing import Any, Literal, Protocol
 from gateway.control.registry import PodRegistry, PodState
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable, clip
 from gateway.observability.logs import ACCESS_FIELDS
-from gateway.observability.metrics import GatewayMetrics
 from gateway.routing import (
     Affinity,
     CostModel,
@@ -26,6 +25,7 @@ from gateway.routing import (
     configured_profiles,
     predict_all,
 )
+from gateway.routing.metrics import RouterMetrics
 from gateway.routing.profile import PluginTimer
 from gateway.routing.prompt_size import PromptSizes
 from gateway.settings import AIBRIX_STRATEGIES, Settings
@@ -73,7 +73,7 @@ class Router:
         tokenizer: PromptTokenizer | None,
         policies: Mapping[str, RoutingProfile],
         default_policy: str,
-        metrics: GatewayMetrics,
+        metrics: RouterMetrics,
         cost: CostModel,
         sink: DecisionSink | None = None,
         clock: Callable[[], float] = time.perf_counter,

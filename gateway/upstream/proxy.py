@@ -25,7 +25,6 @@ from gateway.control.registry import PodState
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.http.protocol import CLIENT_GONE, ConnectionWatch
 from gateway.observability.logs import POD
-from gateway.observability.metrics import GatewayMetrics
 from gateway.upstream.http1 import (
     Aborted,
     Exchange,
@@ -34,6 +33,7 @@ from gateway.upstream.http1 import (
     Http1Pool,
     ResponseTimeout,
 )
+from gateway.upstream.metrics import UpstreamMetrics
 from gateway.upstream.usage import UsageMeter
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class Upstream:
     def __init__(
         self,
         pool: Http1Pool,
-        metrics: GatewayMetrics,
+        metrics: UpstreamMetrics,
         *,
         clock: Callable[[], float] = time.perf_counter,
         pulse: Callable[[str], None] | None = None,

@@ -12,7 +12,7 @@ import httpx
 from prometheus_client import Counter
 
 from gateway.control.registry import PodRegistry, PodState
-from gateway.observability.metrics import Children
+from gateway.observability.children import Children
 
 logger = logging.getLogger(__name__)
 

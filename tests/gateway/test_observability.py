@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.http.request_id import new_request_id
 from gateway.observability.logs import JsonFormatter, TextFormatter
-from gateway.observability.metrics import UPSTREAM_ERROR_KINDS
 from gateway.routing.cost import FEATURES
+from gateway.upstream.metrics import UPSTREAM_ERROR_KINDS
 from gateway.version import VERSION, version
 from subscriber import DECODE_REASONS, RESET_CAUSES
 from tests.conftest import StartEngine
@@ -365,7 +365,7 @@ async def test_kvgate_serve_json_logs_follow_a_request_to_the_engine(
 
         await eventually(logged, within=10, what="the access line")
     entries = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {"uvicorn.error", "gateway.app", "kvgate.access"} <= {e["logger"] for e in entries}
+    assert {"uvicorn.error", "gateway.lifespan", "kvgate.access"} <= {e["logger"] for e in entries}
     (access,) = [entry for entry in entries if entry["request_id"] == request_id]
     assert access["logger"] == "kvgate.access" and access["status"] == 200
     assert access["pod"] == engine.engine.config.name

@@ -26,9 +26,9 @@ from typing import Any
 
 from gateway.control.pinning.client import NoPinSupport, PinCallError, PinClient
 from gateway.control.pinning.leases import Lease, LeaseBook, Source, packed_tokens
+from gateway.control.pinning.metrics import PinMetrics
 from gateway.control.registry import PodRegistry
 from gateway.errors import BadRequest, GatewayError, PinFailed, PinRefused
-from gateway.observability.metrics import GatewayMetrics
 from indexer import EngineHash, ModelContext, SyncPrefixHashTable, Tier, UnknownPodError
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class PinManager:
         table: SyncPrefixHashTable,
         registry: PodRegistry,
         client: PinClient,
-        metrics: GatewayMetrics,
+        metrics: PinMetrics,
         config: PinConfig,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
