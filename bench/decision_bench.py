@@ -40,11 +40,11 @@ from bench.results_io import (
     print_table,
     write_json,
 )
-from gateway.discovery import Pod
-from gateway.metrics import GatewayMetrics
-from gateway.registry import PodRegistry, PodState
-from gateway.router import Kind, Routed, Router, build_policies
-from gateway.routing import CostModel, PinLookup
+from gateway.control.discovery import Pod
+from gateway.control.registry import PodRegistry, PodState
+from gateway.routing import CostModel
+from gateway.routing.metrics import RouterMetrics
+from gateway.routing.router import Kind, Routed, Router, build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable
@@ -145,9 +145,8 @@ async def _measure(
         tokenizer=None,
         policies=build_policies(settings, rng, cost=cost),
         default_policy="prefix-cache",
-        metrics=GatewayMetrics(CollectorRegistry()),
+        metrics=RouterMetrics(CollectorRegistry()),
         cost=cost,
-        pins=PinLookup(),
     )
     routes: dict[str, list[float]] = {policy: [] for policy in POLICIES}
     decisions: dict[str, list[float]] = {policy: [] for policy in POLICIES}

@@ -35,7 +35,7 @@ from bench.workloads.pin_depth import (
     trie_tokens,
     vip_conversation,
 )
-from gateway.server import GatewayServer
+from gateway.http.server import GatewayServer
 from gateway.settings import Settings
 
 ADMIN_TOKEN = "pin-depth-bench"

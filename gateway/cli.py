@@ -25,19 +25,19 @@ class _Component(Protocol):
 # name -> (module that implements it, one-line help, longer description)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "serve": (
-        "gateway.serve_cli",
+        "gateway.commands.serve",
         "run the KV-cache-aware OpenAI-compatible gateway",
         "Serve the OpenAI-compatible endpoint, subscribe to every pod's KV events and "
         "route each request to the pod holding the longest cached prefix of its prompt.",
     ),
     "settings": (
-        "gateway.settings_cli",
+        "gateway.commands.settings",
         "every setting of kvgate serve: variable, default, meaning",
         "List every setting `kvgate serve` reads (environment or --config file), its default, "
         "its meaning and the value the current environment gives it.",
     ),
     "replica-keys": (
-        "gateway.replica_keys_cli",
+        "gateway.commands.replica_keys",
         "a new CURVE key pair for the replica sync channel",
         "Print a new CURVE key pair (Z85) for KVGATE_REPLICA_CURVE_*: secret-key=/public-key= "
         "lines, or with --kubernetes a Secret manifest for kubectl apply.",

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.responses import JSONResponse
 
 if TYPE_CHECKING:
-    from gateway.metrics import GatewayMetrics
+    from gateway.http.metrics import HttpMetrics
 
 
 ECHO_LIMIT = 256
@@ -88,7 +88,7 @@ class GatewayError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers())
 
 
-def refusal(error: GatewayError, metrics: GatewayMetrics | None) -> JSONResponse:
+def refusal(error: GatewayError, metrics: HttpMetrics | None) -> JSONResponse:
     """The client's answer to `error`, counted in `kvgate_requests_rejected_total` by its
     type (not counted before the gateway has started: there are no metrics yet)."""
     if metrics is not None:

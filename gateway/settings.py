@@ -13,18 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config_files import read_document
+from gateway.control.replication.keys import (
+    KEY_HELP,
+    MAX_TRUSTED_KEYS,
+    local_endpoint,
+    z85_key,
+    z85_keys,
+)
 from gateway.errors import ConfigError
-from gateway.replication.keys import KEY_HELP, MAX_TRUSTED_KEYS, local_endpoint, z85_key, z85_keys
+from gateway.routing.config import builtin_names
 from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE, CostParams
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import IndexConfig, IndexLimits, Tier
 
 logger = logging.getLogger(__name__)
 
-POLICIES = (
-    "prefix-cache", "predicted-latency", "prefix-share", "least-request", "round-robin", "random",
-    "session", "least-kv-cache",
-)  # fmt: skip
+POLICIES = builtin_names()
 """The built-in policies (gateway/routing/policies.toml); a routing config may add more."""
 AIBRIX_STRATEGIES = {
     "random": "random",

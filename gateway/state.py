@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from starlette.requests import Request
 
-from gateway.discovery import Discovery
-from gateway.metrics import GatewayMetrics
-from gateway.model_catalog import ModelCatalog
-from gateway.pinning.manager import PinManager
-from gateway.proxy import Upstream
-from gateway.registry import PodRegistry
-from gateway.replication import ReplicaSync
-from gateway.router import Router
+from gateway.control.discovery import Discovery
+from gateway.control.pinning.manager import PinManager
+from gateway.control.registry import PodRegistry
+from gateway.control.replication import ReplicaSync
+from gateway.control.supervisor import Supervisor
+from gateway.observability.metrics import GatewayMetrics
+from gateway.routing.router import Router
 from gateway.settings import Settings
+from gateway.upstream.model_catalog import ModelCatalog
+from gateway.upstream.proxy import Upstream
 from indexer import SyncPrefixHashTable
 from subscriber import SubscriberManager
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class GatewayState:
+    """Built once every component is (gateway/lifespan.py), never changed afterwards."""
+
     settings: Settings
     table: SyncPrefixHashTable
     metrics: GatewayMetrics
@@ -32,17 +34,13 @@ class GatewayState:
     subscribers: SubscriberManager | None
     started_at: int
     discovery: Discovery
-    discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
-    pins: PinManager | None = None
-    replica_sync: ReplicaSync | None = None
-    models: ModelCatalog | None = None
+    pins: PinManager
+    replica_sync: ReplicaSync | None
+    models: ModelCatalog
     """The engines' own model cards (`GET /v1/models`)."""
-    background: Supervised | None = None
+    background: Supervisor
     """The supervised background tasks (which are down, waiting for their restart)."""
-
-
-class Supervised(Protocol):
-    down: set[str]
+    discovery_ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def state_of(request: Request) -> GatewayState:

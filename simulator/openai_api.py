@@ -140,7 +140,7 @@ def _check_characters(engine: SimEngine, body: dict[str, Any], text: str) -> Non
         raise RequestError(refused, param="input_text")
 
 
-def _max_tokens(engine: SimEngine, body: dict[str, Any], prompt_len: int) -> int:
+def requested_max_tokens(engine: SimEngine, body: dict[str, Any], prompt_len: int) -> int:
     value = body.get("max_completion_tokens", body.get("max_tokens"))
     if value is None:
         value = engine.config.default_max_tokens
@@ -170,7 +170,7 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
     body = await read_json(request)
     check_model(engine, body)
     prompt = prompt_tokens(engine, body, chat=chat, served=True)
-    max_tokens = _max_tokens(engine, body, len(prompt))
+    max_tokens = requested_max_tokens(engine, body, len(prompt))
     status = engine.faults.take_request_failure()
     if status is not None:
         return error_response("injected failure (sim fault)", status)
@@ -198,7 +198,7 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
         return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
     engine.submit(sim)
     try:
-        if not await _generated_before_client_left(sim, request):
+        if not await generated_before_client_left(sim, request):
             return Response(status_code=499)  # nobody is listening; the request is aborted
         if sim.killed:
             return error_response("the engine restarted (sim fault)", 503)
@@ -229,7 +229,7 @@ async def handle_generation(engine: SimEngine, request: Request, *, chat: bool) 
     )
 
 
-async def _generated_before_client_left(sim: SimRequest, request: Request) -> bool:
+async def generated_before_client_left(sim: SimRequest, request: Request) -> bool:
     """Wait for the whole answer, unless the client disconnects first (like vLLM's
     `with_cancellation`: a non-streamed request is aborted when its client goes)."""
     left = False

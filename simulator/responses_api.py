@@ -23,12 +23,12 @@ from simulator.engine import SimEngine
 from simulator.openai_api import (
     MidstreamCloseError,
     RequestError,
-    _generated_before_client_left,
-    _max_tokens,
     check_model,
     error_response,
+    generated_before_client_left,
     prompt_tokens,
     read_json,
+    requested_max_tokens,
 )
 from simulator.scheduler import SimRequest
 
@@ -93,7 +93,7 @@ async def responses(engine: SimEngine, request: Request) -> Response:
         raise RequestError("stored responses are not supported", param="previous_response_id")
     prompt = prompt_tokens(engine, {"messages": _messages(body)}, chat=True, served=True)
     limits = {"max_tokens": body["max_output_tokens"]} if "max_output_tokens" in body else {}
-    max_tokens = _max_tokens(engine, limits, len(prompt))
+    max_tokens = requested_max_tokens(engine, limits, len(prompt))
     status = engine.faults.take_request_failure()
     if status is not None:
         return error_response("injected failure (sim fault)", status)
@@ -119,7 +119,7 @@ async def responses(engine: SimEngine, request: Request) -> Response:
             _stream(engine, sim, base, item_id), media_type="text/event-stream"
         )
     try:
-        if not await _generated_before_client_left(sim, request):
+        if not await generated_before_client_left(sim, request):
             return Response(status_code=499)
         if sim.killed:
             return error_response("the engine restarted (sim fault)", 503)

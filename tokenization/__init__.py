@@ -1,8 +1,9 @@
 """A model's own tokenizer and chat template, rendered as vLLM renders them.
 
 Pure and synchronous, no I/O after loading: the gateway tokenizes prompts in-process with
-it (`gateway.tokenizer.LocalTokenizer`), and the simulated engine serves `/tokenize` and
-generation with it, as a vLLM engine does with the model's Hugging Face files.
+it (`gateway.upstream.local_tokenizer.LocalTokenizers`), and the simulated engine serves
+`/tokenize` and generation with it, as a vLLM engine does with the model's Hugging Face
+files.
 """
 
 from tokenization.errors import (

@@ -18,7 +18,7 @@ from bench.harness.processes import ChildProcess
 from bench.harness.readiness import StartError, wait_http
 
 if TYPE_CHECKING:
-    from gateway.server import GatewayServer
+    from gateway.http.server import GatewayServer
     from gateway.settings import Settings
 
 # `kvgate serve` under cProfile with a CPU-time clock: time spent waiting for a core (other
@@ -119,7 +119,7 @@ async def serve_in_process(settings: Settings, port: int = 0) -> GatewayServer:
     """The gateway in this process (uvicorn on this loop) on `port` when it is free, else
     on any free port (read `server.port`)."""
     from gateway.app import create_app  # not for every benchmark process: it is heavy
-    from gateway.server import GatewayServer
+    from gateway.http.server import GatewayServer
 
     server = GatewayServer(create_app(settings), port=choose_port(port), drain_timeout_s=2)
     await server.start()

@@ -31,7 +31,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.http1 import Http1Error, Http1Pool
+from gateway.upstream.http1 import Http1Error, Http1Pool
 from simulator.block_hash import BLOCK_HASHES, int_hash, to_unsigned64
 from simulator.tokenizer import SimTokenizer
 from simulator.wire import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
@@ -134,7 +134,7 @@ class BaselineRouter(Protocol):
 def create_app(oracle: BaselineRouter) -> Starlette:
     """The router as an OpenAI chat endpoint that streams the chosen engine's answer.
 
-    It relays through kvgate's own HTTP/1.1 pool (`gateway.http1`) with raw ASGI messages,
+    It relays through kvgate's own HTTP/1.1 pool (`gateway.upstream.http1`) with raw ASGI messages,
     as the gateway does: a baseline must not lose a comparison to its own relay (behind
     httpx's pool, whose cost grows with its connections, sticky-rr used 0.6 of a core and
     answered 500s at 280 closed-loop users while the engines idled)."""

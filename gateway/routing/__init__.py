@@ -1,7 +1,7 @@
 """Routing decisions: filters -> scorers -> picker -> preferences, as named profiles built
 from a routing config (the built-in policies are one: policies.toml)."""
 
-from gateway.routing.affinity import Affinity, PinAffinityPreference, PinLookup
+from gateway.routing.affinity import Affinity, PinAffinityPreference
 from gateway.routing.config import build_profiles, configured_profiles, load_specs
 from gateway.routing.cost import FEATURES, CostModel, Prediction, Ticket
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
@@ -36,7 +36,6 @@ __all__ = [
     "MinPredictedTtftPicker",
     "Picker",
     "PinAffinityPreference",
-    "PinLookup",
     "PluginContext",
     "PredictedTtftScorer",
     "Prediction",

@@ -4,19 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gateway.registry import PodState
+from gateway.control.registry import PodState
 from gateway.routing.request import RoutingRequest
 from indexer import ModelContext
 
 Affinity = Callable[[str, ModelContext, str | None, Sequence[int]], str | None]
 """(model, context, session, prefix hashes) -> the pod the request should stay on."""
-
-
-class PinLookup:
-    """Where the pin manager plugs in its lease lookup (it is built after the router)."""
-
-    def __init__(self) -> None:
-        self.affinity: Affinity | None = None
 
 
 class PinAffinityPreference:
@@ -26,11 +19,13 @@ class PinAffinityPreference:
 
     name = "pin-affinity"
 
-    def __init__(self, lookup: PinLookup) -> None:
-        self._lookup = lookup
+    def __init__(self, affinity: Affinity | None) -> None:
+        self._affinity = affinity
+        """The pin manager's lease lookup; None: no pins (a gateway's profiles checked
+        without one, a benchmark's)."""
 
     def prefer(self, request: RoutingRequest, pods: Sequence[PodState]) -> str | None:
-        affinity = self._lookup.affinity
+        affinity = self._affinity
         if affinity is None or not pods:
             return None
         return affinity(request.model, request.context, request.session, request.prefix_hashes)

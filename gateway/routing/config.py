@@ -86,6 +86,11 @@ def load_specs(path: Path | None) -> dict[str, Any]:
     return specs
 
 
+def builtin_names() -> tuple[str, ...]:
+    """The built-in policies' names: policies.toml's profiles, in the file's order."""
+    return tuple(normalise(read_config(BUILTIN), BUILTIN.name))
+
+
 def build_profiles(
     specs: Mapping[str, Any], ctx: PluginContext, timer: PluginTimer | None = None
 ) -> dict[str, RoutingProfile]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.registry import PodState
+from gateway.control.registry import PodState
 
 _MAX_PODS = 4096
 

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from gateway.registry import PodState
+from gateway.control.registry import PodState
 from gateway.routing.request import RoutingRequest
 
 _MAX_MODELS = 1024

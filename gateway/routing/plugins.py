@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import ConfigError
-from gateway.routing.affinity import PinAffinityPreference, PinLookup
+from gateway.routing.affinity import Affinity, PinAffinityPreference
 from gateway.routing.cost import CostModel
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
 from gateway.routing.load import LoadEstimator
@@ -46,7 +46,8 @@ class PluginContext:
     rng: random.Random
     load: LoadEstimator
     cost: CostModel
-    pins: PinLookup
+    affinity: Affinity | None
+    """The pin manager's lease lookup (the `pin-affinity` preference); None: no pins."""
     block_size: int
     hot_spot_margin: int = 16
     """Default of the hot-spot guard's `margin` (KVGATE_HOT_SPOT_MARGIN)."""
@@ -178,7 +179,7 @@ def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
 
 
 def _pin_affinity(params: Params, ctx: PluginContext) -> Preference:
-    return PinAffinityPreference(ctx.pins)
+    return PinAffinityPreference(ctx.affinity)
 
 
 FILTERS: dict[str, FilterFactory] = {"routable": _routable, "hot-spot-guard": _hot_spot}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
+from gateway.control.registry import PodState
 from gateway.errors import SloUnreachable
-from gateway.registry import PodState
 from gateway.routing.cost import CostModel, Prediction
 from gateway.routing.kernels import most_cached_first, near_ties
 from gateway.routing.request import RoutingRequest

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.registry import PodState
+from gateway.control.registry import PodState
 from gateway.routing.cost import Prediction
 from gateway.routing.filters import Filter
 from gateway.routing.pickers import Picker

@@ -11,7 +11,7 @@ Where the gateway tokenizes a model in-process, every prompt is counted exactly 
 this applies; it is for prompts a remote tokenizer could not count.
 
 Trust: the byte counts are the client's, so each client is learned on its own (per model,
-keyed by `gateway.api.client_key`): a client's prompts are estimated from its own earlier
+keyed by `gateway.http.api.client_key`): a client's prompts are estimated from its own earlier
 prompts. A client not learned yet gets the median of the model's learned clients, each one
 vote however many requests it sent, once at least `MIN_CLIENTS_FOR_MEDIAN` are learned
 (the prior before): one client cannot move another's estimate, by padding its bodies or

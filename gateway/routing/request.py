@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.registry import PodState
+from gateway.control.registry import PodState
 from gateway.routing.cost import Prediction
 from indexer import MatchResult, ModelContext
 
@@ -28,7 +28,7 @@ class RoutingRequest:
     body_bytes: int = 0
     """The size of the client's request body (what an untokenized prompt is estimated from)."""
     client: str = ""
-    """Who sent it (`gateway.api.client_key`): an untokenized prompt's size is estimated
+    """Who sent it (`gateway.http.api.client_key`): an untokenized prompt's size is estimated
     from what this client's own earlier prompts taught."""
     prefix_hashes: Sequence[int] = ()
     slo_ttft_s: float | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from gateway.registry import PodState
+from gateway.control.registry import PodState
 from gateway.routing.load import LoadEstimator
 from gateway.routing.request import RoutingRequest
 from indexer import Tier

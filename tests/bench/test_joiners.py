@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from bench.routing.joiners import DECISION_INPUTS, Answer, answers_of, split_by_step, summarize
-from gateway.logs import JsonFormatter
-from gateway.router import log_prediction, prediction_logger
+from gateway.observability.logs import JsonFormatter
 from gateway.routing import CostModel
+from gateway.routing.router import log_prediction, prediction_logger
 
 
 class Clock:

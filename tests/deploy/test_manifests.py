@@ -14,9 +14,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.discovery.kubepods import pod_from_object
-from gateway.replica_keys_cli import SECRET_NAME, secret_manifest
-from gateway.replication.keys import PUBLIC_FILE, SECRET_FILE
+from gateway.commands.replica_keys import SECRET_NAME, secret_manifest
+from gateway.control.discovery.kubepods import pod_from_object
+from gateway.control.replication.keys import PUBLIC_FILE, SECRET_FILE
 from gateway.settings import Settings
 from tests.deploy.support import (
     CRD_KINDS,

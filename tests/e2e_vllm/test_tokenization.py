@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
-from gateway.local_tokenizer import LocalTokenizers
-from gateway.server import GatewayServer
+from gateway.http.server import GatewayServer
 from gateway.settings import Settings
-from gateway.tokenizer import TokenizeInput
+from gateway.upstream.local_tokenizer import LocalTokenizers
+from gateway.upstream.tokenizer import TokenizeInput
 from tests.e2e_vllm.conftest import MODEL_NAME, RealVllm
 from tests.e2e_vllm.traffic import system_prompt
 from tokenization import ModelTokenizer

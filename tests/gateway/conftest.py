@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 import simulator.tokenizer
 from gateway.app import create_app
-from gateway.server import GatewayServer
+from gateway.http.server import GatewayServer
 from gateway.settings import Settings
 from simulator import EngineServer
 from tests.conftest import StartEngine

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.discovery import Pod
+from gateway.control.discovery import Pod
 
 
 class RecordingListener:

@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from gateway.http.server import GatewayServer
 from gateway.routing import CostModel
 from gateway.routing.cost_state import MAX_EXPORT_BYTES, REASONS
-from gateway.server import GatewayServer
 from tests.gateway.conftest import Gateway, StartGateway
 from tests.helpers import ROOT, eventually, free_port
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from gateway.client_address import TrustedProxies
 from gateway.errors import ConfigError
+from gateway.http.client_address import TrustedProxies
 from gateway.routing.prompt_size import PRIOR_BYTES_PER_TOKEN
 from gateway.settings import Settings
 from tests.gateway.conftest import MODEL, StartGateway

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.config_files import MAX_CONFIG_BYTES, MAX_DEPTH, read_document
-from gateway.discovery import load_pods_file
+from gateway.control.discovery import load_pods_file
 from gateway.errors import ConfigError
 from gateway.routing.config import read_config
 from gateway.settings import read_config_file

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.discovery import Pod
+from gateway.control.discovery import Pod
+from gateway.control.registry import PodState
 from gateway.errors import SloUnreachable
-from gateway.registry import PodState
 from gateway.routing import (
     FEATURES,
     CostModel,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.discovery import (
+from gateway.control.discovery import (
     DiscoveryEvents,
     Pod,
     PodListener,
@@ -451,7 +451,7 @@ def test_ready_false_drains_a_pod() -> None:
 
 
 def test_every_discovery_the_settings_allow_has_a_source() -> None:
-    from gateway.discovery.sources import SOURCES
+    from gateway.control.discovery.sources import SOURCES
     from gateway.settings import DISCOVERIES
 
     assert set(SOURCES) == set(DISCOVERIES)

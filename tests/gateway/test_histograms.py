@@ -7,7 +7,7 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from gateway.histograms import LabelledHistogram
+from gateway.observability.histograms import LabelledHistogram
 
 _CREATED = re.compile(r"^.*_created\{.*\n", re.MULTILINE)
 

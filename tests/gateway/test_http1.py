@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import uvloop
 
-from gateway.http1 import ConnectFailed, Http1Pool, ResponseBroken, ResponseTimeout
+from gateway.upstream.http1 import ConnectFailed, Http1Pool, ResponseBroken, ResponseTimeout
 from tests.helpers import eventually, free_port
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"

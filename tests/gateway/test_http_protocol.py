@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.http_protocol import BODY_RECEIVED, HeadWithBody
-from gateway.server import GatewayServer
+from gateway.http.protocol import BODY_RECEIVED, HeadWithBody
+from gateway.http.server import GatewayServer
 
 
 class RecordedTransport:

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.local_tokenizer import LocalTokenizers
 from gateway.routing.prompt_size import PRIOR_BYTES_PER_TOKEN
-from gateway.tokenizer import TokenizeInput
+from gateway.upstream.local_tokenizer import LocalTokenizers
+from gateway.upstream.tokenizer import TokenizeInput
 from simulator import EngineServer
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, SIM_TOKENIZER, StartGateway

@@ -21,10 +21,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.logs import JsonFormatter, TextFormatter
-from gateway.metrics import UPSTREAM_ERROR_KINDS
-from gateway.request_id import new_request_id
+from gateway.http.request_id import new_request_id
+from gateway.observability.logs import JsonFormatter, TextFormatter
 from gateway.routing.cost import FEATURES
+from gateway.upstream.metrics import UPSTREAM_ERROR_KINDS
 from gateway.version import VERSION, version
 from subscriber import DECODE_REASONS, RESET_CAUSES
 from tests.conftest import StartEngine
@@ -209,7 +209,7 @@ async def test_json_lines_follow_a_request_by_its_id(
     for entry in entries:
         assert {"time", "level", "logger", "message", "request_id", "pod"} <= entry.keys()
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
-    retried = [entry for entry in entries if entry["logger"] == "gateway.proxy"]
+    retried = [entry for entry in entries if entry["logger"] == "gateway.upstream.proxy"]
     assert len(retried) == 1 and "retrying on another pod" in retried[0]["message"]
     assert retried[0]["request_id"] in ids and retried[0]["pod"] == "dead"
     assert retried[0]["level"] == "INFO"
@@ -365,7 +365,7 @@ async def test_kvgate_serve_json_logs_follow_a_request_to_the_engine(
 
         await eventually(logged, within=10, what="the access line")
     entries = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {"uvicorn.error", "gateway.app", "kvgate.access"} <= {e["logger"] for e in entries}
+    assert {"uvicorn.error", "gateway.lifespan", "kvgate.access"} <= {e["logger"] for e in entries}
     (access,) = [entry for entry in entries if entry["request_id"] == request_id]
     assert access["logger"] == "kvgate.access" and access["status"] == 200
     assert access["pod"] == engine.engine.config.name

@@ -94,7 +94,7 @@ async def test_untokenized_prompts_are_costed_by_what_the_engines_counted(
     bytes of body a token takes, and predictions follow the prompt's real length."""
     gw = await start_gateway(engines=2, default_policy="round-robin")
     sizes = gw.state.router.prompt_sizes
-    sender = "addr:127.0.0.1"  # the test client, as `gateway.api.client_key` names it
+    sender = "addr:127.0.0.1"  # the test client, as `gateway.http.api.client_key` names it
     assert sizes.bytes_per_token(MODEL, sender) == PRIOR_BYTES_PER_TOKEN
     counted: list[tuple[int, int]] = []
     async with gw.client() as client:

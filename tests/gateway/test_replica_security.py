@@ -22,10 +22,10 @@ import zmq
 import zmq.asyncio
 
 from gateway.cli import main
+from gateway.control.replication import CurveKeys, ReplicaSync, load_keys
+from gateway.control.replication.bounds import MIN_PEER_TICKETS_PER_POD
+from gateway.control.replication.keys import public_of
 from gateway.errors import ConfigError
-from gateway.replication import CurveKeys, ReplicaSync, load_keys
-from gateway.replication.bounds import MIN_PEER_TICKETS_PER_POD
-from gateway.replication.keys import public_of
 from gateway.routing import CostModel
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable

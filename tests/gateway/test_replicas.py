@@ -14,8 +14,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from gateway.control.replication import MAX_MESSAGE_BYTES, ReplicaSync
 from gateway.errors import ConfigError
-from gateway.replication import MAX_MESSAGE_BYTES, ReplicaSync
 from gateway.routing import CostModel
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
 from tests.conftest import StartEngine

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.discovery import Pod
-from gateway.registry import PodState
-from gateway.router import build_policies, preamble_share
+from gateway.control.discovery import Pod
+from gateway.control.registry import PodState
 from gateway.routing import (
     HotSpotFilter,
     KVUsageScorer,
@@ -26,6 +25,7 @@ from gateway.routing import (
     SessionPicker,
     Weighted,
 )
+from gateway.routing.router import build_policies, preamble_share
 from gateway.settings import DEFAULT_TIER_WEIGHTS, POLICIES, Settings
 from indexer import IndexConfig, MatchResult, ModelContext, SyncPrefixHashTable, Tier
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from gateway.errors import ConfigError
-from gateway.router import build_policies
 from gateway.routing import load_specs
 from gateway.routing.config import BUILTIN, normalise, read_config
+from gateway.routing.router import build_policies
 from gateway.settings import AIBRIX_STRATEGIES, POLICIES, Settings
 from tests.gateway.conftest import MODEL, StartGateway
 

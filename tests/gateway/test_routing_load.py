@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from gateway.discovery import Pod
-from gateway.registry import PodState
+from gateway.control.discovery import Pod
+from gateway.control.registry import PodState
 from gateway.routing import HotSpotFilter, LoadEstimator, LoadScorer, RoutingRequest
 from indexer import ModelContext
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.discovery import Pod
-from gateway.registry import PodRegistry, PodState
-from gateway.scraper import MAX_PAGE_BYTES, MetricsScraper, parse_engine_metrics
+from gateway.control.discovery import Pod
+from gateway.control.registry import PodRegistry, PodState
+from gateway.upstream.scraper import MAX_PAGE_BYTES, MetricsScraper, parse_engine_metrics
 from indexer import SyncPrefixHashTable
 from simulator import EngineServer
 from tests.conftest import StartEngine

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gateway.commands.settings import markdown_table, page_groups, updated_page
 from gateway.settings import setting_groups
-from gateway.settings_cli import markdown_table, page_groups, updated_page
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

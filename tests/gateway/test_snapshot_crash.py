@@ -164,7 +164,7 @@ async def test_kill_9_during_snapshot_writes_never_loses_the_index(
 WRITER = """
 import sys
 from pathlib import Path
-from gateway.persistence import SnapshotDir
+from gateway.control.persistence import SnapshotDir
 from indexer import PodSnapshot, decode_snapshot, encode_snapshot
 from indexer.snapshot import PartialRecord, PodIndexState, Tier
 
@@ -182,7 +182,7 @@ while True:  # little but writes: a kill almost always lands inside one
 
 
 async def test_kill_9_mid_write_leaves_the_old_file_or_the_new_one(tmp_path: Path) -> None:
-    from gateway.persistence import SnapshotDir
+    from gateway.control.persistence import SnapshotDir
     from indexer import decode_snapshot
 
     rng = random.Random()

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.control.persistence import file_name
+from gateway.control.persistence.files import COST_MODEL_FILE
 from gateway.errors import ConfigError
-from gateway.persistence import file_name
-from gateway.persistence.files import COST_MODEL_FILE
 from gateway.settings import Settings
 from indexer import decode_snapshot
 from simulator import EngineServer

@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.app import create_app
-from gateway.discovery import DiscoveryEvents, PodListener, StaticFileDiscovery
-from gateway.server import GatewayServer
+from gateway.control.discovery import DiscoveryEvents, PodListener, StaticFileDiscovery
+from gateway.control.supervisor import Supervisor
+from gateway.http.server import GatewayServer
 from gateway.settings import Settings
-from gateway.supervisor import Supervisor
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry
 from tests.helpers import eventually
@@ -85,17 +85,9 @@ class BreakableDiscovery:
     """The real file discovery, failing (as a bug or a revoked permission would) once
     `broken` is set: at once while it stays set, including in every restarted run."""
 
-    def __init__(self, path: Path) -> None:
-        self._inner = StaticFileDiscovery(path, poll_interval_s=0.1)
+    def __init__(self, path: Path, events: DiscoveryEvents) -> None:
+        self._inner = StaticFileDiscovery(path, poll_interval_s=0.1, events=events)
         self.broken = asyncio.Event()
-
-    @property
-    def events(self) -> DiscoveryEvents:
-        return self._inner.events
-
-    @events.setter
-    def events(self, events: DiscoveryEvents) -> None:
-        self._inner.events = events
 
     def request_reload(self) -> None:
         self._inner.request_reload()
@@ -117,10 +109,15 @@ async def test_a_pod_that_left_while_discovery_was_down_is_removed_on_its_restar
     engines = [await start_engine(name=f"e{i}") for i in range(2)]
     pods_file = tmp_path / "pods.json"
     pods_file.write_text(json.dumps({"pods": [pod_entry(engine) for engine in engines]}))
-    discovery = BreakableDiscovery(pods_file)
+    made: list[BreakableDiscovery] = []
+
+    def breakable(events: DiscoveryEvents) -> BreakableDiscovery:
+        made.append(BreakableDiscovery(pods_file, events))
+        return made[-1]
+
     app = create_app(
         Settings(pods_file=pods_file, scrape_interval_s=0.2, kv_event_sync=False),
-        discovery=discovery,
+        discovery=breakable,
         metrics_registry=CollectorRegistry(),
     )
     server = GatewayServer(app)
@@ -129,6 +126,7 @@ async def test_a_pod_that_left_while_discovery_was_down_is_removed_on_its_restar
         async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
             await eventually(lambda: _status(client, 200), what="ready")
             registry = app.state.gateway.registry
+            (discovery,) = made
             assert sorted(state.name for state in registry.all()) == ["e0", "e1"]
             discovery.broken.set()
             await eventually(lambda: _status(client, 503), what="unready while down")

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.http1 import Http1Pool
-from gateway.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
+from gateway.upstream.http1 import Http1Pool
+from gateway.upstream.tokenizer import RemoteTokenizer, TokenizeInput, TokenizerError
 from simulator import EngineServer
 from tests.conftest import StartEngine
 from tests.helpers import free_port

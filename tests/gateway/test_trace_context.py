@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gateway.trace_context import MAX_TRACEPARENT, new_traceparent, valid_traceparent
+from gateway.http.trace_context import MAX_TRACEPARENT, new_traceparent, valid_traceparent
 from tests.gateway.conftest import MODEL, StartGateway
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
-from gateway.server import GatewayServer
+from gateway.http.server import GatewayServer
 from gateway.settings import Settings
 from tests.conftest import StartEngine
 from tests.gateway.conftest import ADMIN_TOKEN, Gateway, pod_entry, start_gateway

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.discovery import load_pods_file
-from gateway.discovery.pods import parse_pods
+from gateway.control.discovery import load_pods_file
+from gateway.control.discovery.pods import parse_pods
 from gateway.errors import ConfigError
 from gateway.settings import Settings
 

@@ -104,11 +104,11 @@ async def test_only_exchanges_in_flight_at_the_cut_are_counted(
                          what="the cancelled exchanges ended")  # fmt: skip
         page = (await client.get("/metrics")).text
         assert 'kvgate_dead_pod_cuts_total{pod="e0"} 0.0' in page  # exported before any cut
-        with caplog.at_level(logging.WARNING, logger="gateway.reaper"):
+        with caplog.at_level(logging.WARNING, logger="gateway.control.reaper"):
             gw.write_pods([pod_entry(gw.engines[1])])  # e0 leaves discovery
             cut = await asyncio.wait_for(asyncio.gather(*streams), 30)
         page = (await client.get("/metrics")).text
     assert cut == [True] * live
     assert f'kvgate_dead_pod_cuts_total{{pod="e0"}} {float(live)}' in page
-    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.reaper"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.control.reaper"]
     assert len(lines) == 1 and f"cut its {live} request(s) in flight" in lines[0], lines

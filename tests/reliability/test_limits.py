@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.limits import ConcurrencyLimit
+from gateway.http.limits import ConcurrencyLimit
 from tests.gateway.conftest import MODEL
 from tests.helpers import eventually
 from tests.reliability.conftest import ServeGateway

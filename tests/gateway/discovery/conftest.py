@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gateway.discovery import DiscoveryEvents
-from gateway.discovery.kubernetes import KubernetesDiscovery, load_api_client
-from gateway.discovery.kubewatch import WatchTiming
+from gateway.control.discovery import DiscoveryEvents
+from gateway.control.discovery.kubernetes import KubernetesDiscovery, load_api_client
+from gateway.control.discovery.kubewatch import WatchTiming
 from tests.gateway.discovery.kubeapi import TOKEN, FakeKubeAPI
 from tests.gateway.discovery_listener import RecordingListener
 

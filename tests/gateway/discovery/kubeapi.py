@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.server import GatewayServer
+from gateway.http.server import GatewayServer
 
 TOKEN = "kvgate-test-token"
 Pod = dict[str, Any]

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
-from gateway.discovery.kubepods import EVENTS_PORT, HTTP_PORT, KV_EVENTS, REPLAY_PORT, TOPIC
-from gateway.server import GatewayServer
+from gateway.control.discovery.kubepods import EVENTS_PORT, HTTP_PORT, KV_EVENTS, REPLAY_PORT, TOPIC
+from gateway.http.server import GatewayServer
 from gateway.settings import Settings
 from simulator import EngineServer
 from tests.conftest import StartEngine

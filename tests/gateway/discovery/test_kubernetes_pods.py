@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.discovery import Pod
-from gateway.discovery.kubepods import (
+from gateway.control.discovery import Pod
+from gateway.control.discovery.kubepods import (
     ENGINE,
     EVENTS_PORT,
     HTTP_PORT,
@@ -21,7 +21,7 @@ from gateway.discovery.kubepods import (
     pod_from_object,
     pod_key,
 )
-from gateway.discovery.kubernetes import resolve_namespaces
+from gateway.control.discovery.kubernetes import resolve_namespaces
 from gateway.errors import ConfigError
 from gateway.settings import Settings
 from tests.gateway.discovery.kubeapi import pod_object

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.discovery.kubepods import HTTP_PORT, KV_EVENTS
-from gateway.discovery.kubepods import MODEL as MODEL_LABEL
+from gateway.control.discovery.kubepods import HTTP_PORT, KV_EVENTS
+from gateway.control.discovery.kubepods import MODEL as MODEL_LABEL
 from gateway.errors import ConfigError
 from tests.gateway.discovery.conftest import (
     MODEL,

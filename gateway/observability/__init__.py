@@ -1,0 +1,1 @@
+"""Metrics, histograms and log lines."""
