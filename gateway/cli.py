@@ -58,7 +58,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "bench.cli",
         "benchmarks (indexer, sim, subscriber, routing, chaos)",
         "Run one of kvgate's benchmarks; each prints a table and writes JSON (and PNG plots) "
-        "under bench/results/.",
+        "under bench/results/runs/ (--keep: the committed bench/results/).",
     ),
 }
 

@@ -318,7 +318,7 @@ class GenerationLane:
     """A POST to a generation route goes straight to its endpoint; every other request to
     the starlette app. The generation routes are the gateway's traffic, and starlette's
     per-request layers (two error middlewares, route matching) cost CPU on every one of
-    them for nothing these endpoints use (docs/benchmarks.md).
+    them for nothing these endpoints use (`kvgate bench overhead`).
 
     What they would have given is kept: `scope["app"]` (the gateway's state is found
     through it), refusals answered in OpenAI's shape and counted (`Generation`), and an

@@ -69,7 +69,7 @@ class HeadWithBody:
 
     An answer relayed whole from an engine is one write, not two: on loopback or a pod
     network each write is a send system call and often a packet of its own, the largest
-    single cost of a small request in the gateway's CPU (docs/benchmarks.md). A stream's
+    single cost of a small request in the gateway's CPU (`kvgate bench overhead`). A stream's
     head goes out at the end of the iteration as before; nothing else is held. `close`
     (the transport's own by default) is called once what is held went out."""
 

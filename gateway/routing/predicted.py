@@ -189,7 +189,7 @@ class MinPredictedTtftPicker:
         # to meet it keep the order they have without it (the cost model's), ahead of the
         # others. Ranked by cache affinity alone, as with a TTFT objective, the streams
         # piled onto the pods holding their prefixes (hetero at 80 %: TTFT p90 277 →
-        # 1,040 ms, the objective met less often than by sticky-rr, docs/benchmarks.md).
+        # 1,040 ms, the objective met less often than by sticky-rr, on `kvgate bench routing`).
         ranked = self._rank(request, pods, None)
         predicted = dict(zip(ranked, self._tpots(request, ranked), strict=True))
         meeting = [pod for pod in ranked if predicted[pod] <= bar]

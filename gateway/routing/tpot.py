@@ -17,8 +17,8 @@ the pod while it decodes. Modelled as linear in four features known at decision 
 
 The exact relation is not linear (T = n·d + f·T over an answer of n tokens, d the decode
 step and f the share of the pod's time prefill takes, so TPOT = d / (1 − f)); a model with
-that form, f taken from the TTFT model's prefill cost, was tried and predicted no better
-(docs/benchmarks.md): f's estimate from a 10-second arrival rate is noisy, and the form
+that form, f taken from the TTFT model's prefill cost, predicts no better on
+`kvgate bench routing`: f's estimate from a 10-second arrival rate is noisy, and the form
 amplifies its errors near saturation where the learned linear terms stay bounded.
 
 φ is the fleet's (one shape learned from every pod's streams, as the TTFT model's θ:

@@ -3,7 +3,7 @@ robust weighted least squares in relative terms, and each pod's speed factor.
 
 Why one shape and a speed per pod: with a full model per pod, seven coefficients are
 learned from a pod's own few hundred answers, and they wander (on a mixed fleet the
-replayed p90 error reached 81–130 %, `docs/benchmarks.md`); every pod's answers teach
+replayed p90 error reached 81–130 %, docs/decisions/0003); every pod's answers teach
 the same physics (a prefill step, a decode batch, a queue), so the shape is learned from
 all of them and each pod keeps one number, how much slower or faster it runs than the
 fleet. That number still makes a mixed pool (older GPUs, other engine settings) a pool of
@@ -68,7 +68,7 @@ class CostParams:
     """Residuals beyond k × the running residual scale are down-weighted. At 3, about one
     run in five of the chat benchmark drifted into predictions 10–14 % high for its whole
     length (the pods' speeds falling while θ rose to meet them); at 1.5 the same recorded
-    answers, replayed, stay centred (docs/benchmarks.md)."""
+    answers, replayed, stay centred."""
     context_share: float = 0.0
     """How much more a prompt token costs to prefill per token of context before it (the
     attention over it): a request with C tokens cached and N to compute does the work of
@@ -188,7 +188,7 @@ class TtftModel:
         else:
             # Clipping kept the raises of the coefficients it did not clip, and this
             # answer's prediction moved away from what was observed: under a burst that
-            # fed on itself and the model ran away (docs/benchmarks.md). Instead, each
+            # fed on itself and the model ran away. Instead, each
             # coefficient the update takes below 0 is set to 0 and the rest fitted again
             # without it (the covariance restricted to them).
             error = residual

@@ -3,7 +3,7 @@ httptools response parser (the C parser uvicorn uses).
 
 Why not httpx here: its connection pool re-scans every pooled connection on each request
 and each response close, which made it most of the gateway's CPU at 32+ requests in flight
-(see docs/benchmarks.md). The proxy needs far less than a general client: POST a body it
+(`kvgate bench overhead`). The proxy needs far less than a general client: POST a body it
 already holds to a known origin, get the status and headers, then the body chunks as they
 arrive, with a connect timeout, a timeout on each wait for the engine, and the connection
 back in a per-origin idle stack when the response ended cleanly.
