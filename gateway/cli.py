@@ -36,6 +36,12 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "List every setting `kvgate serve` reads (environment or --config file), its default, "
         "its meaning and the value the current environment gives it.",
     ),
+    "routing": (
+        "gateway.commands.routing",
+        "routing plugins and their parameters, from the code",
+        "`kvgate routing plugins`: every plugin a routing config may name, with each "
+        "parameter's type, default, range and meaning (--markdown: docs/routing.md's tables).",
+    ),
     "replica-keys": (
         "gateway.commands.replica_keys",
         "a new CURVE key pair for the replica sync channel",

@@ -27,6 +27,7 @@ from gateway.routing.plugins import (
     PICKERS,
     PREFERENCES,
     SCORERS,
+    WEIGHT_MEANING,
     Params,
     PluginContext,
 )
@@ -100,7 +101,7 @@ def build_profiles(
         scorers = []
         for i, p in enumerate(spec["scorers"]):
             params = _params(p, f"{where}.scorers[{i}]")
-            weight = params.number("weight", 1.0, high=MAX_WEIGHT)
+            weight = params.number("weight", 1.0, high=MAX_WEIGHT, meaning=WEIGHT_MEANING)
             scorers.append(Weighted(_built(SCORERS[p["type"]], params, ctx), weight))
         profiles[name] = RoutingProfile(
             name,

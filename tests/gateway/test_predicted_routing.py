@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
@@ -231,3 +232,59 @@ async def test_new_conversations_spread_and_their_later_turns_stay(
                 {"role": "user", "content": f"and a follow-up {i}"},
             ]
             assert await send(again) == home
+
+
+async def test_a_new_conversation_is_placed_by_load_whatever_the_system_prompts_cold_prefill(
+    start_gateway: StartGateway,
+) -> None:
+    """Two idle engines, new conversations sharing one ~470-token system prompt, sent one
+    at a time: a first turn's window (`placement_tolerance`, 25 %) is over the predictions
+    as if each pod held the system prompt, not over `/admin/match`'s `predicted_ttft_ms`.
+    So once the holder is loaded beyond `placement_load_tolerance` (and one request), a
+    new conversation goes to the cold pod although it is predicted several times slower
+    (docs/routing.md, placement)."""
+    gw = await start_gateway(engines=2, engine_overrides={"latency": LatencyModel()})
+    system = {"role": "system", "content": "You are a careful assistant. " * 65}
+
+    def first_turn(i: int) -> dict[str, object]:
+        # (a question of a few blocks: a first turn whose every full block a pod holds is
+        # a repeat, not a placement)
+        user = {"role": "user", "content": f"question {i}: what does this mean? " * 8}
+        return {"model": MODEL, "messages": [system, user], "max_tokens": 4, "stream": True}
+
+    async def explained(admin: httpx.AsyncClient, i: int, holders: int) -> dict[str, Any]:
+        """/admin/match once `holders` pods are seen to hold the system prompt."""
+        async with asyncio.timeout(10):
+            while True:
+                view: dict[str, Any] = (await admin.post("/admin/match", json=first_turn(i))).json()
+                held = [pod for pod in view["pods"].values() if pod["matched_blocks"] > 0]
+                if len(held) >= holders:
+                    return view
+                await asyncio.sleep(0.02)
+
+    homes: list[str] = []
+    async with gw.client() as client, gw.admin() as admin:
+        for i in range(3):
+            view = await explained(admin, i, holders=min(i, 1))
+            async with client.stream("POST", "/v1/chat/completions", json=first_turn(i)) as r:
+                await r.aread()
+                assert r.status_code == 200
+                homes.append(r.headers["x-kvgate-pod"])
+                predicted = float(r.headers["x-kvgate-predicted-ttft-ms"])
+            if i == 0:
+                # a ~470-token system prompt, a ~70-token question
+                assert 480 <= view["prompt_tokens"] <= 600
+                continue
+            holder = homes[0]
+            cold = next(name for name in view["pods"] if name != holder)
+            pods = view["pods"]
+            assert pods[holder]["matched_blocks"] > 0 and pods[cold]["matched_blocks"] == 0
+            # the cold pod is predicted far beyond 25 % of the holder, by /admin/match ...
+            assert pods[cold]["predicted_ttft_ms"] > 2.0 * pods[holder]["predicted_ttft_ms"]
+            if homes[-1] == cold:
+                # ... and the new conversation went there all the same, knowingly
+                assert predicted > 2.0 * pods[holder]["predicted_ttft_ms"]
+                break
+    # the second conversation (the holder, carrying one, at the edge of "one request" more
+    # than the other) or at the latest the third goes to the cold pod
+    assert homes[-1] != homes[0], homes
