@@ -152,6 +152,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._headers_pending = False
         self._watch = ConnectionWatch()
         self._linger_timer: asyncio.TimerHandle | None = None
+        self._rest_of_body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -159,8 +160,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
+        for timer in (self._linger_timer, self._rest_of_body_timer):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
         self._watch.lost()
 
@@ -175,6 +177,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._headers_pending = True
 
     def on_message_complete(self) -> None:
+        if self._rest_of_body_timer is not None:  # the rest came in time: keep-alive holds
+            self._rest_of_body_timer.cancel()
+            self._rest_of_body_timer = None
         super().on_message_complete()
         scope: dict[str, Any] = self.scope  # type: ignore[assignment]
         scope["extensions"][BODY_RECEIVED] = True
@@ -183,10 +188,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_response_complete()
         cycle = self.cycle
         if cycle is not None and cycle.more_body and not self.transport.is_closing():
-            # Answered before the request's body was all here (a route that reads no body):
-            # the rest of it is nobody's, and a client trickling it must not hold the
-            # connection, as uvicorn would let it (it reads and drops the rest).
-            cycle.transport.close()  # through the HeadWithBody: what it holds goes out first
+            # Answered before the request's body was all here (a route that reads no body,
+            # a 401): uvicorn reads and drops the rest, and the connection stays open for
+            # the client's next request, as the answer told it. A client still trickling
+            # that body after `linger_s` must not hold the connection: it is closed then.
+            # Not at once: the answer said keep-alive, and a client sending its next
+            # request on this connection would lose it.
+            close = cycle.transport.close  # through the HeadWithBody: what it holds first
+            self._rest_of_body_timer = self.loop.call_later(self.linger_s, close)
 
     def _close_after_answer(self) -> None:
         """The connection closes after an answer. If the request's body is still arriving

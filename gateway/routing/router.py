@@ -337,7 +337,7 @@ class Router:
             return None
         context = self._registry.context(body["model"])
         routable, _ = self._registry.routable_serving(body["model"])
-        tokens = await self._tokenize(kind, body, routable)
+        tokens = await self._tokenize(kind, body, routable, refusal_is_final=True)
         return None if tokens is None else (context, tokens)
 
     def _check_prompt_length(self, kind: Kind, tokens: int) -> None:
@@ -366,9 +366,12 @@ class Router:
         routable: Sequence[PodState],
         *,
         for_prefix: bool = True,
+        refusal_is_final: bool = False,
     ) -> list[int] | None:
         """The prompt's token ids, or None. Not `for_prefix` (a load-only policy, counting
-        the prompt): in-process only, and a failure does not degrade its routing."""
+        the prompt): in-process only, and a failure does not degrade its routing. With
+        `refusal_is_final` (nothing is sent on to an engine that would say it), a request
+        the tokenizer refused is a BadRequest with the tokenizer's reason."""
         started = self._clock()
         try:
             what = (
@@ -387,6 +390,9 @@ class Router:
             return tokenized.tokens
         except TokenizerError as exc:
             self._metrics.tokenizer.labels("failure", exc.where).inc()
+            if exc.refused and refusal_is_final:
+                param = "messages" if kind == "chat" else "prompt"
+                raise BadRequest(str(exc), param=param) from None
             if for_prefix:
                 self._metrics.degraded_routing.labels("tokenizer").inc()
             return None

@@ -122,7 +122,7 @@ class LocalTokenizers:
             raise NotLocal(str(exc)) from None
         except ChatRenderError as exc:
             refused = f"the chat template refused the request: {exc}"
-            raise TokenizerError(refused, retryable=False, where="local") from None
+            raise TokenizerError(refused, retryable=False, where="local", refused=True) from None
         self.cache.put(what.key, tokens)
         return tokens
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.errors import clip
 from gateway.upstream.http1 import Http1Error, Http1Pool
 
 logger = logging.getLogger(__name__)
@@ -38,11 +39,16 @@ _PROMPT_FIELDS = ("add_special_tokens",)
 class TokenizerError(Exception):
     """Tokenization failed (timeout, engine error, unusable request); route on load only."""
 
-    def __init__(self, message: str, *, retryable: bool = True, where: str = "remote") -> None:
+    def __init__(
+        self, message: str, *, retryable: bool = True, where: str = "remote", refused: bool = False
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.where = where
         """Which tokenizer failed: "local" (in-process) or "remote" (an engine's)."""
+        self.refused = refused
+        """The request itself was refused (the engine's 400, the chat template's error):
+        its own fault, not the tokenizer's; the message says why."""
 
 
 def is_token_ids(values: list[Any]) -> bool:
@@ -264,6 +270,9 @@ class RemoteTokenizer:
                 tokens = await self._call(url, what.body)
             except TokenizerError as exc:
                 last_error = str(exc)
+                if exc.refused:
+                    self.failures += 1
+                    raise
                 if not exc.retryable:
                     break
                 if attempt < self._max_retries:
@@ -285,6 +294,12 @@ class RemoteTokenizer:
             raise TokenizerError(f"{url}/tokenize timed out after {self._timeout_s} s") from None
         except (Http1Error, ValueError) as exc:
             raise TokenizerError(f"{url}/tokenize failed: {exc}") from None
+        if status in (400, 422):  # the engine refused the request: say why, as it did
+            raise TokenizerError(
+                f"the engine refused the prompt: {_engine_message(answer)}",
+                retryable=False,
+                refused=True,
+            )
         if status != 200:
             # A 4xx is the same answer every time (unknown model, unsupported fields).
             raise TokenizerError(f"{url}/tokenize answered {status}", retryable=status >= 500)
@@ -295,3 +310,18 @@ class RemoteTokenizer:
         if not isinstance(tokens, list) or not is_token_ids(tokens):
             raise TokenizerError(f"{url}/tokenize answered malformed token ids")
         return tokens
+
+
+def _engine_message(answer: bytes) -> str:
+    """The message of an engine's error body (OpenAI's `error.message`, vLLM's
+    `message`), clipped; the raw text when it has none."""
+    try:
+        body = json.loads(answer)
+    except ValueError:
+        body = None
+    message: object = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        message = error.get("message") if isinstance(error, dict) else body.get("message")
+    text = message if isinstance(message, str) else answer.decode("utf-8", errors="replace")
+    return clip(text, 512)

@@ -147,3 +147,40 @@ async def test_the_server_says_when_the_body_is_already_whole() -> None:
         writer.close()
     finally:
         await server.stop()
+
+
+async def answers_without_reading(scope: Scope, receive: Receive, send: Send) -> None:
+    """An app that answers at once, reading no body (as a 401 does)."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    await send({"type": "http.response.start", "status": 401,
+                "headers": [(b"content-length", b"2")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": b"no"})
+
+
+async def test_an_answer_before_the_body_keeps_the_connection_for_the_next_request() -> None:
+    """The answer went out before the body was whole, saying keep-alive: the rest of the
+    body is read and dropped and the client's next request on the connection is served;
+    a client still trickling that body after the linger is cut off."""
+    server = GatewayServer(answers_without_reading)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\n"
+        async with asyncio.timeout(10):
+            writer.write(head + b"bo")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 401")
+            assert await reader.readexactly(2) == b"no"
+            writer.write(b"dy" + head + b"body")  # the rest, then the next request at once
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 401")
+            assert await reader.readexactly(2) == b"no"
+            writer.write(head + b"b")  # and one whose body never ends
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 401")
+            assert await reader.readexactly(2) == b"no"
+            assert await reader.read() == b""  # closed after the linger, not held
+        writer.close()
+    finally:
+        await server.stop()

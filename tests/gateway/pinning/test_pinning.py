@@ -329,3 +329,17 @@ async def _at_least(share: Awaitable[float], bound: float) -> bool:
 
 async def _below(share: Awaitable[float], bound: float) -> bool:
     return await share < bound
+
+
+async def test_a_prompt_the_engine_refuses_is_a_400_not_an_upstream_error(
+    start_gateway: StartGateway,
+) -> None:
+    """Pinning tokenizes the prompt and sends it nowhere else: when the tokenizer refuses
+    it (a message whose content is `false`, as vLLM refuses it), the client hears why, as
+    a 400, not a 502 for an engine that answered."""
+    gw = await start_gateway(1)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": False}]}
+    answer = await admin(gw, "POST", "/admin/pin", body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "messages" and "refused" in error["message"]
