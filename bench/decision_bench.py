@@ -198,9 +198,12 @@ class _TimedRouter(Router):
         routable: Sequence[PodState],
         *,
         for_prefix: bool = True,
+        refusal_is_final: bool = False,
     ) -> list[int] | None:
         started = _cpu_clock()
-        tokens = await super()._tokenize(kind, body, routable, for_prefix=for_prefix)
+        tokens = await super()._tokenize(
+            kind, body, routable, for_prefix=for_prefix, refusal_is_final=refusal_is_final
+        )
         self.tokenize_s = _cpu_clock() - started
         return tokens
 
