@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gateway.routing.catalogue import (
-    plugins_listing,
-    plugins_markdown,
-    policies_markdown,
-    updated_page,
-)
+from gateway.commands.generated import GeneratedBlocks
+from gateway.routing.catalogue import TABLES, plugins_listing, plugins_markdown, policies_markdown
+
+GENERATED = GeneratedBlocks("routing", lambda name: TABLES[name]())
+"""docs/routing.md's generated tables."""
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +37,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.update is not None:
-        path: Path = args.update
-        path.write_text(updated_page(path.read_text(encoding="utf-8")), encoding="utf-8")
+        GENERATED.rewrite(args.update)
         return 0
     if args.markdown:
         print(plugins_markdown())

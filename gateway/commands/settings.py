@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
+from gateway.commands.generated import GeneratedBlocks
 from gateway.errors import ConfigError
 from gateway.settings import Declaration, Settings, setting_groups
-
-_BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n)(.*?)(<!-- /settings:\2 -->)", re.DOTALL)
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +31,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.update is not None:
-        path: Path = args.update
-        path.write_text(updated_page(path.read_text(encoding="utf-8")), encoding="utf-8")
+        GENERATED.rewrite(args.update)
         return 0
     if args.markdown:
         for group in setting_groups():
@@ -59,18 +56,8 @@ def markdown_table(group: str) -> str:
     return "\n".join(rows) + "\n"
 
 
-def updated_page(text: str) -> str:
-    """`text` with every generated block replaced by the declarations' current table."""
-
-    def table(match: re.Match[str]) -> str:
-        return match.group(1) + markdown_table(match.group(2)) + match.group(4)
-
-    return _BLOCK.sub(table, text)
-
-
-def page_groups(text: str) -> dict[str, str]:
-    """The generated blocks a page holds, by group."""
-    return {match.group(2): match.group(3) for match in _BLOCK.finditer(text)}
+GENERATED = GeneratedBlocks("settings", markdown_table)
+"""docs/configuration.md's generated tables, one per settings group."""
 
 
 def listing(env: dict[str, str]) -> str:

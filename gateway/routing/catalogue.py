@@ -7,7 +7,6 @@ the parameters it declares (`Params`), and the built-in policies of `policies.to
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,6 @@ KINDS: tuple[tuple[str, Mapping[str, Callable[[Params, PluginContext], object]]]
     ("picker", PICKERS),
     ("preference", PREFERENCES),
 )
-_BLOCK = re.compile(r"(<!-- routing:(\w+) -->\n)(.*?)(<!-- /routing:\2 -->)", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,20 +132,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "plugins": plugins_markdown,
     "policies": policies_markdown,
 }
-
-
-def updated_page(text: str) -> str:
-    """`text` with every generated block replaced by the code's current table."""
-
-    def table(match: re.Match[str]) -> str:
-        return match.group(1) + TABLES[match.group(2)]() + match.group(4)
-
-    return _BLOCK.sub(table, text)
-
-
-def page_blocks(text: str) -> dict[str, str]:
-    """The generated blocks a page holds, by name."""
-    return {match.group(2): match.group(3) for match in _BLOCK.finditer(text)}
 
 
 def _plugins(specs: list[dict[str, Any]]) -> str:

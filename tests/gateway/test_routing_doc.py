@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.routing.catalogue import TABLES, page_blocks, plugins, updated_page
+from gateway.commands.routing import GENERATED
+from gateway.routing.catalogue import TABLES, plugins
 from gateway.routing.config import BUILTIN, normalise, read_config
 from gateway.routing.plugins import FILTERS, PICKERS, PREFERENCES, SCORERS
 from gateway.settings import AIBRIX_STRATEGIES
@@ -17,13 +18,13 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "routing.md"
 
 def test_the_routing_tables_are_generated_from_the_code() -> None:
     text = PAGE.read_text(encoding="utf-8")
-    assert set(page_blocks(text)) == set(TABLES)
-    for name, table in page_blocks(text).items():
+    assert set(GENERATED.blocks(text)) == set(TABLES)
+    for name, table in GENERATED.blocks(text).items():
         assert table == TABLES[name](), (
             f"docs/routing.md's {name} table is stale: run "
             "`.venv/bin/kvgate routing plugins --update docs/routing.md`"
         )
-    assert updated_page(text) == text
+    assert GENERATED.updated(text) == text
 
 
 def test_every_plugin_and_parameter_is_listed_with_its_meaning() -> None:

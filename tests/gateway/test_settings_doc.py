@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.commands.settings import markdown_table, page_groups, updated_page
+from gateway.commands.settings import GENERATED, markdown_table
 from gateway.settings import setting_groups
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -15,18 +15,18 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 def test_the_configuration_tables_are_generated_from_the_declarations() -> None:
     text = PAGE.read_text(encoding="utf-8")
-    assert set(page_groups(text)) == set(setting_groups())
-    for group, table in page_groups(text).items():
+    assert set(GENERATED.blocks(text)) == set(setting_groups())
+    for group, table in GENERATED.blocks(text).items():
         assert table == markdown_table(group), (
             f"docs/configuration.md's {group} settings table is stale: run "
             "`.venv/bin/kvgate settings --update docs/configuration.md`"
         )
-    assert updated_page(text) == text
+    assert GENERATED.updated(text) == text
 
 
 def test_every_setting_is_in_a_table_once() -> None:
     text = PAGE.read_text(encoding="utf-8")
-    tables = "".join(page_groups(text).values())
+    tables = "".join(GENERATED.blocks(text).values())
     for entries in setting_groups().values():
         for declaration, _ in entries:
             assert tables.count(f"| `{declaration.variable}` |") == 1, declaration.variable
