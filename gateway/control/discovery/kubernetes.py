@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -23,8 +24,8 @@ from gateway.control.discovery.kubewatch import (
     Changed,
     Failed,
     Listed,
+    ListWatcher,
     Message,
-    NamespaceWatcher,
     WatchTiming,
 )
 from gateway.control.discovery.pods import Pod
@@ -109,7 +110,7 @@ class KubernetesDiscovery:
         self.relists = 0
         self._qualified = len(self.namespaces) > 1
         self._close_client = close_client
-        self._watchers: list[NamespaceWatcher] = []
+        self._watchers: list[ListWatcher] = []
 
     @classmethod
     def from_environment(
@@ -138,10 +139,11 @@ class KubernetesDiscovery:
 
         api = CoreV1Api(self._api_client)
         watchers = [
-            NamespaceWatcher(
-                api,
+            ListWatcher(
+                functools.partial(
+                    api.list_namespaced_pod, namespace, label_selector=self.label_selector
+                ),
                 namespace,
-                self.label_selector,
                 post,
                 timing=self._timing,
                 rng=random.Random(self._rng.random()),
@@ -156,19 +158,19 @@ class KubernetesDiscovery:
         try:
             while True:
                 message = await queue.get()
-                await self._apply(message, listener, views[message.namespace])
-                if isinstance(message, Listed) and message.namespace in unlisted:
-                    unlisted.discard(message.namespace)
+                await self._apply(message, listener, views[message.key])
+                if isinstance(message, Listed) and message.key in unlisted:
+                    unlisted.discard(message.key)
                     if not unlisted:
                         ready.set()
         finally:
-            await _stop(watchers)
+            await stop_watchers(watchers)
             if self._close_client:
                 self._api_client.close()  # type: ignore[no-untyped-call]  # kubernetes: untyped
 
     def resource_versions(self) -> dict[str, str | None]:
         """Per namespace, the resourceVersion the watch resumes from (None: listing)."""
-        return {w.namespace: w.resource_version for w in self._watchers}
+        return {w.key: w.resource_version for w in self._watchers}
 
     async def _apply(self, message: Message, listener: PodListener, view: dict[str, Pod]) -> None:
         if isinstance(message, Failed):
@@ -205,7 +207,7 @@ class KubernetesDiscovery:
     def _failed(self, message: Failed) -> None:
         logger.warning(
             "kubernetes discovery (namespace %s) failed%s: %s",
-            message.namespace,
+            message.key,
             "" if message.fatal else ", retrying",
             describe(message.error),
         )
@@ -235,13 +237,13 @@ def _config_error(message: Failed, selector: str) -> ConfigError:
         return ConfigError("KVGATE_K8S_LABEL_SELECTOR", selector, "a valid label selector")
     return ConfigError(
         "KVGATE_K8S_NAMESPACES",
-        message.namespace,
+        message.key,
         "a namespace whose pods the gateway may get/list/watch "
         f"(the API answered {describe(message.error)})",
     )
 
 
-async def _stop(watchers: list[NamespaceWatcher]) -> None:
+async def stop_watchers(watchers: list[ListWatcher]) -> None:
     """Stop the threads; wait a bounded time (they are daemons: a stuck connect cannot
     hold the process, and it ends on its own timeout)."""
     for watcher in watchers:
@@ -254,4 +256,4 @@ async def _stop(watchers: list[NamespaceWatcher]) -> None:
     await asyncio.to_thread(join)
     for watcher in watchers:
         if watcher.is_alive():
-            logger.warning("kubernetes watch thread for %s still stopping", watcher.namespace)
+            logger.warning("kubernetes watch thread for %s still stopping", watcher.key)

@@ -1,6 +1,7 @@
-"""The blocking half of Kubernetes discovery: one thread per namespace lists and watches
-pods with the `kubernetes` client and posts what it sees, as immutable messages, to the
-event loop (which alone touches the pod registry).
+"""The blocking half of Kubernetes discovery: one thread per watched collection (the
+selected pods of a namespace, an InferencePool) lists and watches it with the `kubernetes`
+client and posts what it sees, as immutable messages, to the event loop (which alone
+touches the pod registry).
 
 The list/watch protocol (https://kubernetes.io/docs/reference/using-api/api-concepts/):
 list (paginated with limit/continue) → watch from the list's resourceVersion → track the
@@ -44,29 +45,33 @@ class WatchTiming:
 
 @dataclass(frozen=True, slots=True)
 class Listed:
-    """A namespace's complete (selected) pod list: the loop diffs it against its view."""
+    """A collection's complete (selected) list: the loop diffs it against its view."""
 
-    namespace: str
+    key: str
+    """The watcher it comes from (`ListWatcher.key`)."""
     items: list[dict[str, Any]]
     relist: bool
-    """False for the first list of this namespace."""
+    """False for the watcher's first list."""
 
 
 @dataclass(frozen=True, slots=True)
 class Changed:
     """One ADDED, MODIFIED or DELETED watch event."""
 
-    namespace: str
+    key: str
     type: str
     obj: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    namespace: str
+    key: str
     error: Exception
     fatal: bool
     """The thread has stopped: the first list showed a configuration mistake."""
+
+    listed: bool = False
+    """The watcher had listed before this failure."""
 
 
 Message = Listed | Changed | Failed
@@ -84,35 +89,39 @@ class WatchEventError(Exception):
         self.code = status.get("code")
 
 
-class NamespaceWatcher:
-    """Lists and watches the selected pods of one namespace in its own thread.
+class ListWatcher:
+    """Lists and watches one collection in its own thread: `open_request(**params)` opens
+    one list or watch request (a `kubernetes` client `list_*` method with its path and
+    selectors bound, e.g. `list_namespaced_pod` for one namespace and label selector).
 
     `stop` can be called from any thread: it ends the backoff wait and shuts the socket
-    of the request in progress down, so the thread ends promptly.
+    of the request in progress down, so the thread ends promptly. With
+    `stop_on_config_error`, a first list rejected as a configuration mistake ends the
+    thread (its `Failed` is `fatal`); without it, that is retried like any failure.
     """
 
     def __init__(
         self,
-        api: Any,
-        namespace: str,
-        label_selector: str,
+        open_request: Callable[..., Any],
+        key: str,
         post: Callable[[Message], None],
         *,
         timing: WatchTiming,
         rng: random.Random,
+        stop_on_config_error: bool = True,
     ) -> None:
-        self._api = api  # a kubernetes.client.CoreV1Api
-        self.namespace = namespace
-        self._selector = label_selector
+        self._open_request = open_request
+        self.key = key
         self._post = post
         self._timing = timing
         self._rng = rng
+        self._stop_on_config_error = stop_on_config_error
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._response: Any = None
         self.resource_version: str | None = None
         self._thread = threading.Thread(
-            target=self._run, name=f"kvgate-k8s-watch-{namespace}", daemon=True
+            target=self._run, name=f"kvgate-k8s-watch-{key}", daemon=True
         )
 
     def start(self) -> None:
@@ -148,13 +157,17 @@ class NamespaceWatcher:
                     self._stopping.wait(self._timing.backoff_initial_s)
                 failures = 0
             except ExpiredError as exc:
-                logger.info("kubernetes %s: %s; listing again", self.namespace, exc)
+                logger.info("kubernetes %s: %s; listing again", self.key, exc)
                 self.resource_version = None
             except Exception as exc:  # every failure is reported, then retried
                 if self._stopping.is_set():
                     return
-                fatal = not listed and getattr(exc, "status", None) in _FATAL_AT_START
-                self._post(Failed(self.namespace, exc, fatal))
+                fatal = (
+                    self._stop_on_config_error
+                    and not listed
+                    and getattr(exc, "status", None) in _FATAL_AT_START
+                )
+                self._post(Failed(self.key, exc, fatal, listed))
                 if fatal:
                     return
                 failures += 1
@@ -181,8 +194,8 @@ class NamespaceWatcher:
             if not token:
                 break
         if not resource_version:
-            raise ValueError("the pod list carries no resourceVersion")
-        self._post(Listed(self.namespace, items, relist))
+            raise ValueError(f"the {self.key} list carries no resourceVersion")
+        self._post(Listed(self.key, items, relist))
         return resource_version
 
     def _watch(self) -> bool:
@@ -221,7 +234,7 @@ class NamespaceWatcher:
             raise WatchEventError(obj)
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            self._post(Changed(self.namespace, kind, obj))
+            self._post(Changed(self.key, kind, obj))
         if version:  # BOOKMARKs only move the version on: nothing changed before it
             self.resource_version = version
 
@@ -237,9 +250,7 @@ class NamespaceWatcher:
 
     def _open(self, **params: Any) -> Any:
         try:
-            response = self._api.list_namespaced_pod(
-                self.namespace, label_selector=self._selector, _preload_content=False, **params
-            )
+            response = self._open_request(_preload_content=False, **params)
         except Exception as exc:  # kubernetes.client.ApiException carries the HTTP status
             if getattr(exc, "status", None) == GONE:
                 raise ExpiredError(f"HTTP 410: {getattr(exc, 'reason', exc)}") from exc
