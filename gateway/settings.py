@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config_files import read_document
+from gateway.control.discovery.poolspec import PoolRef
 from gateway.control.replication.keys import (
     KEY_HELP,
     MAX_TRUSTED_KEYS,
@@ -44,7 +45,7 @@ has a counterpart for, and the policy each means here. AIBrix's `throughput` and
 `least-busy-time` have none: they are refused, naming these."""
 ENGINES = ("vllm", "sglang")
 TOKENIZER_MODES = ("auto", "local", "remote")
-DISCOVERIES = ("static", "kubernetes")
+DISCOVERIES = ("static", "kubernetes", "inference-pool")
 LOG_FORMATS = ("text", "json")
 DEFAULT_TIER_WEIGHTS = {Tier.GPU: 1.0, Tier.CPU: 0.8, Tier.STORAGE: 0.25, Tier.EXPECTED: 0.9}
 
@@ -118,6 +119,10 @@ def _namespaces(raw: str) -> tuple[str, ...]:
     if not all(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", name) for name in names):
         raise ValueError(raw)
     return names
+
+
+def _pool_ref(raw: str) -> str:
+    return str(PoolRef.parse(raw))
 
 
 def _networks(raw: str) -> tuple[str, ...]:
@@ -355,8 +360,9 @@ class Settings:
     )  # fmt: skip
     discovery: str = _setting(
         "static", "KVGATE_DISCOVERY", _choice(DISCOVERIES), _one_of(DISCOVERIES),
-        "where pods come from: `static` (the pods file) or `kubernetes` (the API: "
-        "[docs/kubernetes.md](docs/kubernetes.md))",
+        "where pods come from: `static` (the pods file), `kubernetes` (labelled pods) or "
+        "`inference-pool` (a Gateway API InferencePool's pods, `KVGATE_INFERENCE_POOL`), "
+        "both by the API: [docs/kubernetes.md](docs/kubernetes.md)",
     )  # fmt: skip
     k8s_namespaces: tuple[str, ...] = _setting(
         (), "KVGATE_K8S_NAMESPACES", _namespaces, "comma-separated namespace names",
@@ -365,6 +371,12 @@ class Settings:
     k8s_label_selector: str = _setting(
         "model.aibrix.ai/name", "KVGATE_K8S_LABEL_SELECTOR", str, "a label selector",
         "which pods Kubernetes discovery takes",
+    )  # fmt: skip
+    inference_pool: str | None = _setting(
+        None, "KVGATE_INFERENCE_POOL", _pool_ref, "a pool name, or namespace/name",
+        "the InferencePool (`inference.networking.k8s.io/v1`) whose pods "
+        "`KVGATE_DISCOVERY=inference-pool` takes, followed as it changes; a bare name is "
+        "in the gateway's own namespace",
     )  # fmt: skip
     default_policy: str = _setting(
         "prefix-cache", "KVGATE_DEFAULT_POLICY", str, "a policy name: " + _one_of(POLICIES),

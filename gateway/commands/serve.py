@@ -38,8 +38,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--discovery", choices=DISCOVERIES, help="where pods come from: the --pods file "
-        "(static, the default) or the Kubernetes API (env KVGATE_DISCOVERY; see "
-        "KVGATE_K8S_NAMESPACES, KVGATE_K8S_LABEL_SELECTOR)",
+        "(static, the default), labelled pods from the Kubernetes API (kubernetes: see "
+        "KVGATE_K8S_NAMESPACES, KVGATE_K8S_LABEL_SELECTOR) or an InferencePool's pods "
+        "(inference-pool: see KVGATE_INFERENCE_POOL) (env KVGATE_DISCOVERY)",
     )  # fmt: skip
     parser.add_argument("--host", help=_flag_help("host"))
     parser.add_argument("--port", type=int, help=_flag_help("port"))

@@ -1,4 +1,5 @@
-"""Where pods come from: a static file, or the Kubernetes API."""
+"""Where pods come from: a static file, or the Kubernetes API (labelled pods, or an
+InferencePool's)."""
 
 from gateway.control.discovery.base import (
     Discovery,
@@ -8,6 +9,7 @@ from gateway.control.discovery.base import (
     run_resynced,
     sync_pods,
 )
+from gateway.control.discovery.inferencepool import InferencePoolDiscovery
 from gateway.control.discovery.kubernetes import KubernetesDiscovery
 from gateway.control.discovery.pods import Pod, parse_pods
 from gateway.control.discovery.sources import build_discovery
@@ -17,6 +19,7 @@ __all__ = [
     "Discovery",
     "DiscoveryEvents",
     "DiscoveryFactory",
+    "InferencePoolDiscovery",
     "KubernetesDiscovery",
     "Pod",
     "PodListener",

@@ -43,11 +43,16 @@ def pod_key(obj: Mapping[str, Any], *, qualified: bool) -> str:
     return f"{metadata.get('namespace', '')}/{name}" if qualified else name
 
 
-def pod_from_object(obj: Mapping[str, Any], *, name: str) -> Pod | None:
+def pod_from_object(
+    obj: Mapping[str, Any], *, name: str, http_port: int | None = None, rank: int = 0
+) -> Pod | None:
     """The `Pod` for a Kubernetes pod object, or None when it cannot be routed to at all
     (being deleted, no IP yet, no model) and must not be reported.
 
     A pod that is there but not Running and Ready is reported with `ready=False`.
+    `http_port` (an InferencePool's target port) replaces the pod's own HTTP port; the
+    `rank`-th target port's engine publishes its KV events and replays on the pod's
+    ports plus `rank`, as vLLM's data-parallel ranks do.
     Raises ConfigError (naming the pod and the label or annotation) for a bad value.
     """
     metadata = obj.get("metadata") or {}
@@ -70,12 +75,15 @@ def pod_from_object(obj: Mapping[str, Any], *, name: str) -> Pod | None:
         raise ConfigError(f"{where}: {ENGINE}", engine, "vllm or sglang")
     events = replay = None
     if labels.get(KV_EVENTS) == "true":
-        events = f"tcp://{host}:{ports[EVENTS_PORT]}"
-        replay = f"tcp://{host}:{ports[REPLAY_PORT]}"
+        if max(ports[EVENTS_PORT], ports[REPLAY_PORT]) + rank > 65535:
+            raise ConfigError(f"{where}: {EVENTS_PORT}", ports[EVENTS_PORT],
+                              f"ports that leave room for {rank + 1} ranks")  # fmt: skip
+        events = f"tcp://{host}:{ports[EVENTS_PORT] + rank}"
+        replay = f"tcp://{host}:{ports[REPLAY_PORT] + rank}"
     loras = tuple(x.strip() for x in annotations.get(LORAS, "").split(",") if x.strip())
     return Pod(
         name=name,
-        url=f"http://{host}:{ports[HTTP_PORT]}",
+        url=f"http://{host}:{http_port or ports[HTTP_PORT]}",
         model=model,
         engine=engine,
         events=events,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway.control.discovery.base import Discovery, DiscoveryEvents
+from gateway.control.discovery.inferencepool import InferencePoolDiscovery
 from gateway.control.discovery.kubernetes import KubernetesDiscovery
 from gateway.control.discovery.static import StaticFileDiscovery, load_pods_file
 from gateway.errors import ConfigError
@@ -27,9 +28,18 @@ def _kubernetes(settings: Settings, events: DiscoveryEvents) -> Discovery:
     )
 
 
+def _inference_pool(settings: Settings, events: DiscoveryEvents) -> Discovery:
+    if settings.inference_pool is None:
+        raise ConfigError(
+            "KVGATE_INFERENCE_POOL", None, "the pool to take pods from: name or namespace/name"
+        )
+    return InferencePoolDiscovery.from_environment(settings.inference_pool, events=events)
+
+
 SOURCES: dict[str, Callable[[Settings, DiscoveryEvents], Discovery]] = {
     "static": _static,
     "kubernetes": _kubernetes,
+    "inference-pool": _inference_pool,
 }
 """Every source `KVGATE_DISCOVERY` may name (gateway.settings.DISCOVERIES lists the same)."""
 

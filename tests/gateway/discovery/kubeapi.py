@@ -1,7 +1,10 @@
-"""A fake Kubernetes API server: the part of `/api/v1` that pod discovery uses, as documented.
+"""A fake Kubernetes API server: the part of the API that discovery uses, as documented.
 
 - `GET /api/v1/namespaces/{ns}/pods?labelSelector=…&limit=…&continue=…`: a `PodList`
-  (`metadata.resourceVersion`, `metadata.continue` between pages of one snapshot).
+  (`metadata.resourceVersion`, `metadata.continue` between pages of one snapshot); the
+  same for `/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools` (an
+  `InferencePoolList`; 404 while `crd_installed` is false), both also taking
+  `fieldSelector=metadata.name=…`.
 - `…&watch=true&resourceVersion=RV&allowWatchBookmarks=true&timeoutSeconds=N`: a stream
   of newline-delimited `{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": …}`
   with every change after RV. As the API server does with a label selector, an object
@@ -9,9 +12,11 @@
   resourceVersion older than the last compaction is answered 410 Gone (Status reason
   Expired), as an ERROR event (what the API server does for watches) or, when
   `gone_as_http` is set, as an HTTP 410.
-- Requests must carry `Authorization: Bearer <token>` (401 Status otherwise).
+- Requests must carry `Authorization: Bearer <token>` (401 Status otherwise); a resource
+  in `forbidden` is answered 403, as RBAC does.
 
-Tests drive it from the event loop: create/update/delete pods, compact, send bookmarks,
+Tests drive it from the event loop: create/update/delete objects (pods unless another
+`resource` is named), compact, send bookmarks,
 drop open watches, make the next requests fail; `requests` records what was asked.
 """
 
@@ -36,6 +41,9 @@ from gateway.http.server import GatewayServer
 
 TOKEN = "kvgate-test-token"
 Pod = dict[str, Any]
+POOLS = "inferencepools"
+POOL_API = "inference.networking.k8s.io/v1"
+_KINDS = {"pods": ("Pod", "v1"), POOLS: ("InferencePool", POOL_API)}
 
 
 def pod_object(
@@ -90,10 +98,28 @@ def status_object(code: int, reason: str, message: str) -> dict[str, Any]:
             "message": message, "reason": reason, "code": code}  # fmt: skip
 
 
-class Selector:
-    """Equality- and existence-based label selectors (`a`, `!a`, `a=b`, `a==b`, `a!=b`)."""
+def pool_object(
+    name: str, *, match_labels: dict[str, str] | None = None, ports: tuple[int, ...] = (8000,)
+) -> dict[str, Any]:
+    """An InferencePool (v1) as the API returns it."""
+    return {
+        "metadata": {"name": name, "uid": str(uuid.uuid4()), "generation": 1},
+        "spec": {
+            "selector": {"matchLabels": dict(match_labels or {"app": "vllm"})},
+            "targetPorts": [{"number": port} for port in ports],
+            "appProtocol": "http",
+            "endpointPickerRef": {"group": "", "kind": "Service", "name": "kvgate-epp",
+                                  "port": {"number": 9002}, "failureMode": "FailClose"},
+        },
+    }  # fmt: skip
 
-    def __init__(self, text: str) -> None:
+
+class Selector:
+    """Equality- and existence-based label selectors (`a`, `!a`, `a=b`, `a==b`, `a!=b`), and
+    a `metadata.name=…` field selector."""
+
+    def __init__(self, text: str, *, name: str | None = None) -> None:
+        self.name = name
         self.terms: list[tuple[str, str, str | None]] = []
         for raw in filter(None, (part.strip() for part in text.split(","))):
             for op in ("!=", "==", "="):
@@ -109,6 +135,8 @@ class Selector:
 
     def matches(self, obj: Pod | None) -> bool:
         if obj is None:
+            return False
+        if self.name is not None and obj["metadata"]["name"] != self.name:
             return False
         labels = obj["metadata"].get("labels") or {}
         for key, op, value in self.terms:
@@ -126,6 +154,7 @@ class Selector:
 @dataclass
 class _Change:
     rv: int
+    resource: str
     namespace: str
     old: Pod | None
     new: Pod | None
@@ -133,6 +162,7 @@ class _Change:
 
 @dataclass
 class _Watch:
+    resource: str
     namespace: str
     selector: Selector
     bookmarks: bool
@@ -142,7 +172,9 @@ class _Watch:
 class FakeKubeAPI:
     def __init__(self) -> None:
         self.rv = 1000
-        self.pods: dict[tuple[str, str], Pod] = {}
+        self.objects: dict[tuple[str, str, str], Pod] = {}  # (resource, namespace, name)
+        self.crd_installed = True
+        self.forbidden: set[str] = set()
         self.log: list[_Change] = []
         self.compacted = 0
         self.gone_as_http = False
@@ -152,7 +184,10 @@ class FakeKubeAPI:
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._watches: list[_Watch] = []
         self._snapshots: dict[str, list[Pod]] = {}
-        self.app = Starlette(routes=[Route("/api/v1/namespaces/{namespace}/pods", self._pods)])
+        self.app = Starlette(routes=[
+            Route("/api/v1/namespaces/{namespace}/pods", self._pods),
+            Route(f"/apis/{POOL_API}/namespaces/{{namespace}}/{POOLS}", self._pools),
+        ])  # fmt: skip
         self.server = GatewayServer(self.app)
 
     @property
@@ -170,31 +205,33 @@ class FakeKubeAPI:
         }))  # fmt: skip
         return path
 
-    def lists(self) -> list[dict[str, str]]:
-        return [params for kind, _, params in self.requests if kind == "list" and
+    def lists(self, resource: str = "pods") -> list[dict[str, str]]:
+        return [params for kind, _, params in self.requests if kind == f"list {resource}" and
                 "continue" not in params]  # fmt: skip
 
-    def watches(self) -> list[dict[str, str]]:
-        return [params for kind, _, params in self.requests if kind == "watch"]
+    def watches(self, resource: str = "pods") -> list[dict[str, str]]:
+        return [params for kind, _, params in self.requests if kind == f"watch {resource}"]
 
     # -- changes ---------------------------------------------------------------------------
 
-    def create(self, namespace: str, pod: Pod) -> Pod:
+    def create(self, namespace: str, pod: Pod, *, resource: str = "pods") -> Pod:
         name = pod["metadata"]["name"]
-        assert (namespace, name) not in self.pods, f"{namespace}/{name} exists"
+        assert (resource, namespace, name) not in self.objects, f"{namespace}/{name} exists"
         pod = copy.deepcopy(pod)
         pod["metadata"]["namespace"] = namespace
-        return self._commit(namespace, name, None, pod)
+        return self._commit(resource, namespace, name, None, pod)
 
-    def update(self, namespace: str, name: str, change: Callable[[Pod], None]) -> Pod:
-        old = self.pods[(namespace, name)]
+    def update(
+        self, namespace: str, name: str, change: Callable[[Pod], None], *, resource: str = "pods"
+    ) -> Pod:
+        old = self.objects[(resource, namespace, name)]
         new = copy.deepcopy(old)
         change(new)
-        return self._commit(namespace, name, old, new)
+        return self._commit(resource, namespace, name, old, new)
 
-    def delete(self, namespace: str, name: str) -> None:
-        old = self.pods[(namespace, name)]
-        self._commit(namespace, name, old, None)
+    def delete(self, namespace: str, name: str, *, resource: str = "pods") -> None:
+        old = self.objects[(resource, namespace, name)]
+        self._commit(resource, namespace, name, old, None)
 
     def compact(self) -> None:
         """Forget the history: watches from an older resourceVersion get 410 Gone."""
@@ -202,10 +239,10 @@ class FakeKubeAPI:
         self.log.clear()
 
     def bookmark(self) -> None:
-        line = _line("BOOKMARK", {"kind": "Pod", "apiVersion": "v1",
-                                  "metadata": {"resourceVersion": str(self.rv)}})  # fmt: skip
         for watch in self._watches:
             if watch.bookmarks:
+                line = _line("BOOKMARK", {"metadata": {"resourceVersion": str(self.rv)}},
+                             watch.resource)  # fmt: skip
                 watch.queue.put_nowait(line)
 
     def drop_watches(self, *, abrupt: bool = False) -> None:
@@ -216,19 +253,22 @@ class FakeKubeAPI:
     def open_watches(self) -> int:
         return len(self._watches)
 
-    def _commit(self, namespace: str, name: str, old: Pod | None, new: Pod | None) -> Pod:
+    def _commit(
+        self, resource: str, namespace: str, name: str, old: Pod | None, new: Pod | None
+    ) -> Pod:
         self.rv += 1
+        key = (resource, namespace, name)
         if new is None:
             assert old is not None
             gone = copy.deepcopy(old)
             gone["metadata"]["resourceVersion"] = str(self.rv)
-            del self.pods[(namespace, name)]
-            change = _Change(self.rv, namespace, old, None)
+            del self.objects[key]
+            change = _Change(self.rv, resource, namespace, old, None)
             final = gone
         else:
             new["metadata"]["resourceVersion"] = str(self.rv)
-            self.pods[(namespace, name)] = new
-            change = _Change(self.rv, namespace, old, new)
+            self.objects[key] = new
+            change = _Change(self.rv, resource, namespace, old, new)
             final = new
         self.log.append(change)
         for watch in self._watches:
@@ -240,26 +280,39 @@ class FakeKubeAPI:
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _pods(self, request: Request) -> Response:
+        return await self._collection("pods", request)
+
+    async def _pools(self, request: Request) -> Response:
+        if not self.crd_installed:
+            self.requests.append(("missing " + POOLS, request.path_params["namespace"], {}))
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        return await self._collection(POOLS, request)
+
+    async def _collection(self, resource: str, request: Request) -> Response:
         namespace = request.path_params["namespace"]
         params = dict(request.query_params)
         watching = params.get("watch") in ("true", "1")
-        self.requests.append(("watch" if watching else "list", namespace, params))
+        self.requests.append((("watch " if watching else "list ") + resource, namespace, params))
         if request.headers.get("authorization") != f"Bearer {TOKEN}":
             return _status(401, "Unauthorized", "Unauthorized")
+        if resource in self.forbidden:
+            return _status(403, "Forbidden", f"cannot list resource {resource!r}")
         if self.fail_next > 0:
             self.fail_next -= 1
             return _status(500, "InternalError", "etcd is having a bad day")
         try:
-            selector = Selector(params.get("labelSelector", ""))
+            selector = Selector(params.get("labelSelector", ""), name=_field(params))
         except ValueError as exc:
             return _status(400, "BadRequest", f"unable to parse requirement: {exc}")
         if watching:
             if self.hold_watches is not None:
                 await self.hold_watches.wait()
-            return self._watch(namespace, selector, params)
-        return self._list(namespace, selector, params)
+            return self._watch(resource, namespace, selector, params)
+        return self._list(resource, namespace, selector, params)
 
-    def _list(self, namespace: str, selector: Selector, params: dict[str, str]) -> Response:
+    def _list(
+        self, resource: str, namespace: str, selector: Selector, params: dict[str, str]
+    ) -> Response:
         token = params.get("continue")
         if token:
             if token not in self._snapshots:
@@ -267,8 +320,8 @@ class FakeKubeAPI:
             rv, items = self.rv_of(token), self._snapshots.pop(token)
         else:
             rv = self.rv
-            items = [copy.deepcopy(pod) for (ns, _), pod in sorted(self.pods.items())
-                     if ns == namespace and selector.matches(pod)]  # fmt: skip
+            items = [copy.deepcopy(pod) for (kind, ns, _), pod in sorted(self.objects.items())
+                     if (kind, ns) == (resource, namespace) and selector.matches(pod)]  # fmt: skip
         limit = int(params.get("limit", "0") or 0)
         metadata: dict[str, Any] = {"resourceVersion": str(rv)}
         if limit and len(items) > limit:
@@ -276,22 +329,26 @@ class FakeKubeAPI:
             self._snapshots[token] = items[limit:]
             metadata["continue"] = token
             items = items[:limit]
+        kind, version = _KINDS[resource]
         return JSONResponse(
-            {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": items}
+            {"kind": f"{kind}List", "apiVersion": version, "metadata": metadata, "items": items}
         )
 
     @staticmethod
     def rv_of(token: str) -> int:
         return int(base64.urlsafe_b64decode(token).decode().split(":")[0])
 
-    def _watch(self, namespace: str, selector: Selector, params: dict[str, str]) -> Response:
+    def _watch(
+        self, resource: str, namespace: str, selector: Selector, params: dict[str, str]
+    ) -> Response:
         since_raw = params.get("resourceVersion", "")
-        watch = _Watch(namespace, selector, params.get("allowWatchBookmarks") == "true")
+        bookmarks = params.get("allowWatchBookmarks") == "true"
+        watch = _Watch(resource, namespace, selector, bookmarks)
         if since_raw in ("", "0"):  # no version: start with the current state
             since = self.rv
-            for (ns, _), pod in sorted(self.pods.items()):
-                if ns == namespace and selector.matches(pod):
-                    watch.queue.put_nowait(_line("ADDED", pod))
+            for (kind, ns, _), pod in sorted(self.objects.items()):
+                if (kind, ns) == (resource, namespace) and selector.matches(pod):
+                    watch.queue.put_nowait(_line("ADDED", pod, resource))
         else:
             since = int(since_raw)
             if since < self.compacted:
@@ -300,7 +357,7 @@ class FakeKubeAPI:
                 )
                 if self.gone_as_http:
                     return JSONResponse(status, status_code=410)
-                watch.queue.put_nowait(_line("ERROR", status))
+                watch.queue.put_nowait(_line("ERROR", status, resource))
                 watch.queue.put_nowait(None)
             else:
                 for change in self.log:
@@ -330,15 +387,27 @@ class FakeKubeAPI:
             self._watches.remove(watch)
 
 
-def _line(kind: str, obj: dict[str, Any]) -> bytes:
+def _line(kind: str, obj: dict[str, Any], resource: str) -> bytes:
     if kind != "ERROR":
-        obj = {"kind": "Pod", "apiVersion": "v1", **obj}
+        name, version = _KINDS[resource]
+        obj = {"kind": name, "apiVersion": version, **obj}
     return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+
+
+def _field(params: dict[str, str]) -> str | None:
+    """The name a `metadata.name=…` field selector asks for (the only one supported)."""
+    raw = params.get("fieldSelector")
+    if not raw:
+        return None
+    key, _, value = raw.replace("==", "=").partition("=")
+    if key != "metadata.name" or not value:
+        raise ValueError(raw)
+    return value
 
 
 def _event(change: _Change, watch: _Watch) -> bytes | None:
     """The event a watcher with this selector sees for a change, if any."""
-    if change.namespace != watch.namespace:
+    if (change.resource, change.namespace) != (watch.resource, watch.namespace):
         return None
     was, now = watch.selector.matches(change.old), watch.selector.matches(change.new)
     if change.new is None:
@@ -347,13 +416,13 @@ def _event(change: _Change, watch: _Watch) -> bytes | None:
         assert change.old is not None
         gone = copy.deepcopy(change.old)
         gone["metadata"]["resourceVersion"] = str(change.rv)
-        return _line("DELETED", gone)
+        return _line("DELETED", gone, change.resource)
     if was and now:
-        return _line("MODIFIED", change.new)
+        return _line("MODIFIED", change.new, change.resource)
     if now:
-        return _line("ADDED", change.new)
+        return _line("ADDED", change.new, change.resource)
     if was:
-        return _line("DELETED", change.new)
+        return _line("DELETED", change.new, change.resource)
     return None
 
 

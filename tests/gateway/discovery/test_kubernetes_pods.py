@@ -154,3 +154,17 @@ def test_discovery_settings() -> None:
         Settings.load({"KVGATE_K8S_NAMESPACES": "Team_A"})
     with pytest.raises(ConfigError, match="KVGATE_DISCOVERY"):
         Settings.load({}, {"discovery": "dns"})
+
+
+def test_a_target_port_and_a_rank_move_the_http_and_event_ports() -> None:
+    obj = make(labels={MODEL: "m", KV_EVENTS: "true"})
+    pod = pod_from_object(obj, name="p-rank-2", http_port=9002, rank=2)
+    assert pod is not None
+    assert (pod.url, pod.events, pod.replay) == (
+        "http://10.0.0.1:9002",
+        "tcp://10.0.0.1:5559",
+        "tcp://10.0.0.1:5560",
+    )
+    obj["metadata"]["annotations"][REPLAY_PORT] = "65535"
+    with pytest.raises(ConfigError, match="room for 2 ranks"):
+        pod_from_object(obj, name="p-rank-1", http_port=9001, rank=1)

@@ -68,7 +68,7 @@ async def test_lists_selected_pods_in_pages_then_watches_from_the_list_version(
     assert pods["vllm-3"].replay == "tcp://10.0.0.4:5558"
     [listed] = kube_api.lists()
     assert listed["labelSelector"] == MODEL_LABEL and listed["limit"] == "2"
-    continued = [p for kind, _, p in kube_api.requests if kind == "list" and "continue" in p]
+    continued = [p for kind, _, p in kube_api.requests if kind == "list pods" and "continue" in p]
     assert len(continued) == 2  # 5 pods, pages of 2
     await eventually(lambda: len(kube_api.watches()) == 1, what="a watch")
     [watch] = kube_api.watches()
