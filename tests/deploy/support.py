@@ -16,14 +16,17 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 # Every kustomization under deploy/ (tests render each of them).
-KUSTOMIZATIONS = ("namespace", "base", "examples", "observability")
+KUSTOMIZATIONS = ("namespace", "base", "examples", "examples/inference-pool", "observability")
 # Kubernetes versions the manifests are validated against: the oldest we support and the
 # newest kubernetes-validate bundles (its schemas ship in the wheel: no network needed).
 K8S_VERSIONS = ("1.30.0", "1.37.0")
-# Custom resources: not in the Kubernetes OpenAPI schemas, checked structurally instead.
+# Custom resources: not in the Kubernetes OpenAPI schemas, checked structurally instead
+# (the Gateway API ones against their vendored CRDs: crd_schema.py).
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
     ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"),
 }
 
 

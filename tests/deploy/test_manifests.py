@@ -65,6 +65,10 @@ def test_every_kustomization_renders(rendered: dict[str, list[dict[str, Any]]]) 
     )  # fmt: skip
     assert kinds["namespace"] == ["Namespace"]  # apart: deleting the gateway keeps it
     assert kinds["examples"] == ["Deployment", "Deployment"]
+    assert kinds["examples/inference-pool"] == sorted(
+        ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service",
+         "InferencePool", "HTTPRoute"]
+    )  # fmt: skip
     assert kinds["observability"] == ["ConfigMap", "PrometheusRule", "ServiceMonitor"]
 
 
