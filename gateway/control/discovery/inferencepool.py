@@ -5,11 +5,9 @@ name), one on the pods of its namespace with the pool's `matchLabels`. Each sele
 pod becomes one endpoint per target port (`poolspec.py` names them), mapped like any
 Kubernetes pod (`kubepods.py`: model, engine, KV-event opt-in, readiness).
 
-The pool is followed: a new selector replaces the pod watch (pods it no longer selects
-leave at once, new ones join when the new watch lists), new target ports re-map the
-pods already known, a deleted (or not yet created) pool empties the endpoint set until
-it exists again, and a pool object that is malformed is ignored and counted (the last
-good spec stays).
+The pool is followed (docs/kubernetes.md): a new selector replaces the pod watch, new
+target ports re-map the known pods, a deleted or missing pool empties the endpoint set
+until it exists, a malformed one is ignored and counted (the last good spec stays).
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ import contextlib
 import functools
 import logging
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gateway.control.discovery.base import DiscoveryEvents, PodListener, sync_pods
@@ -70,6 +69,7 @@ class InferencePoolDiscovery:
         self._api_client = api_client
         self.namespace = namespace
         self.name = name
+        self.where = f"InferencePool {namespace}/{name}"
         self._timing = timing or WatchTiming()
         self._rng = rng or random.Random()
         self.events = events or DiscoveryEvents()
@@ -87,7 +87,7 @@ class InferencePoolDiscovery:
         self._pods_listed = False
         self._retired: list[ListWatcher] = []
         self._started = False
-        self._post: Any = None
+        self._post: Callable[[Message], None] = lambda message: None  # set by `run`
 
     @classmethod
     def from_environment(cls, reference: str, **kwargs: Any) -> InferencePoolDiscovery:
@@ -97,17 +97,8 @@ class InferencePoolDiscovery:
             load_api_client(), namespace=namespace, name=ref.name, close_client=True, **kwargs
         )
 
-    @property
-    def where(self) -> str:
-        return f"InferencePool {self.namespace}/{self.name}"
-
     def request_reload(self) -> None:
         """Nothing to do: the watches already report every change as it happens."""
-
-    def resource_versions(self) -> dict[str, str | None]:
-        """Per watch (`pool`, `pods-<n>`), the resourceVersion it resumes from."""
-        watchers = [w for w in (self._pool_watcher, self._pod_watcher) if w is not None]
-        return {w.key: w.resource_version for w in watchers}
 
     async def run(self, listener: PodListener, ready: asyncio.Event) -> None:
         from kubernetes.client import CustomObjectsApi
@@ -142,7 +133,9 @@ class InferencePoolDiscovery:
             if self._close_client:
                 self._api_client.close()  # type: ignore[no-untyped-call]  # kubernetes: untyped
 
-    def _watcher(self, open_request: Any, key: str, *, stop_on_config_error: bool) -> ListWatcher:
+    def _watcher(
+        self, open_request: Callable[..., Any], key: str, *, stop_on_config_error: bool
+    ) -> ListWatcher:
         return ListWatcher(
             open_request, key, self._post, timing=self._timing,
             rng=random.Random(self._rng.random()), stop_on_config_error=stop_on_config_error,
@@ -162,17 +155,18 @@ class InferencePoolDiscovery:
             if isinstance(message, Listed):
                 pools = [o for o in message.items if _name(o) == self.name]
                 await self._set_pool(pools[0] if pools else None, listener)
-            elif _name(message.obj) == self.name:
-                assert isinstance(message, Changed)
+            elif isinstance(message, Changed) and _name(message.obj) == self.name:
                 await self._set_pool(None if message.type == "DELETED" else message.obj, listener)
             return
         if isinstance(message, Listed):
-            self._pods = {_name(obj): obj for obj in message.items}
+            self._pods = {_name(obj): obj for obj in message.items if _name(obj)}
             self._pods_listed = True
             await self._sync(listener)
             return
         assert isinstance(message, Changed)
         name = _name(message.obj)
+        if not name:
+            return
         if message.type == "DELETED":
             self._pods.pop(name, None)
             self._modelless.discard(name)
@@ -273,10 +267,11 @@ class InferencePoolDiscovery:
     def _warn_modelless(self, obj: dict[str, Any], pod_name: str) -> None:
         """A selected pod with an IP but no model is a mistake worth one warning."""
         metadata, status = obj.get("metadata") or {}, obj.get("status") or {}
-        labels, annotations = metadata.get("labels") or {}, metadata.get("annotations") or {}
-        if metadata.get("deletionTimestamp") or not status.get("podIP"):
+        model = (metadata.get("labels") or {}).get(MODEL) or (
+            metadata.get("annotations") or {}).get(MODEL)  # fmt: skip
+        if model or metadata.get("deletionTimestamp") or not status.get("podIP"):
             return
-        if not (labels.get(MODEL) or annotations.get(MODEL)) and pod_name not in self._modelless:
+        if pod_name not in self._modelless:
             self._modelless.add(pod_name)
             error = ConfigError(f"{self.where}: pod {pod_name}: label {MODEL}", None,
                                 "the model the pod serves (label or annotation)")  # fmt: skip
