@@ -33,7 +33,8 @@ _MESSAGE_MARGIN = 64 * 1024
 
 @dataclass(frozen=True, slots=True)
 class EppConfig:
-    host: str = "0.0.0.0"
+    host: str | None = None
+    """None: the gateway's own (`KVGATE_HOST`)."""
     port: int = 9002
     """The Inference Extension's picker port; 0: a free one (tests)."""
     cert: Path | None = None
@@ -92,17 +93,18 @@ class EppService:
         )
         checks = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(checks, server)
-        self.port = self._bind(server)
+        host = self.config.host or gateway.settings.host
+        self.port = self._bind(server, host)
         await server.start()
         stack.push_async_callback(server.stop, GRACE_S)
         task = asyncio.create_task(_report_health(gateway, checks), name="kvgate-epp-health")
         stack.push_async_callback(_cancel, task)
-        logger.info("kvgate endpoint picker serving ext_proc on %s:%d (%s)", self.config.host,
+        logger.info("kvgate endpoint picker serving ext_proc on %s:%d (%s)", host,
                     self.port, "TLS" if self.config.cert else "plaintext")  # fmt: skip
 
-    def _bind(self, server: grpc.aio.Server) -> int:
+    def _bind(self, server: grpc.aio.Server, host: str) -> int:
         config = self.config
-        address = f"{config.host}:{config.port}"
+        address = f"[{host}]:{config.port}" if ":" in host else f"{host}:{config.port}"
         if config.cert is None or config.key is None:
             port: int = server.add_insecure_port(address)
             return port
