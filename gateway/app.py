@@ -9,7 +9,7 @@ import functools
 import logging
 import random
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -35,9 +35,12 @@ from gateway.http.limits import ConcurrencyLimit
 from gateway.lifespan import Foundation, start_gateway
 from gateway.observability.metrics import GatewayMetrics
 from gateway.settings import Settings
+from gateway.state import GatewayState
 from indexer import SyncPrefixHashTable
 
 logger = logging.getLogger(__name__)
+
+Attach = Callable[[GatewayState, contextlib.AsyncExitStack], Awaitable[None]]
 
 
 def create_app(
@@ -47,10 +50,13 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     metrics_registry: CollectorRegistry | None = None,
     rng: random.Random | None = None,
+    attach: Attach | None = None,
 ) -> Starlette:
     """The gateway as an ASGI app; every collaborator can be injected (tests, embedding).
     `discovery` builds the pod source from the events it reports to (default: the one
-    `KVGATE_DISCOVERY` names)."""
+    `KVGATE_DISCOVERY` names). `attach` starts a service beside the HTTP one once the
+    gateway is ready, on the lifespan's exit stack (which stops it before the gateway:
+    `kvgate epp`'s gRPC server)."""
     metrics = GatewayMetrics(metrics_registry or CollectorRegistry())
     events = metrics.control.discovery_events()
     base = Foundation(
@@ -67,6 +73,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             app.state.gateway = await start_gateway(base, stack)
+            if attach is not None:
+                await attach(app.state.gateway, stack)
             stack.enter_context(_reload_on_sighup(base.discovery))
             yield
 

@@ -30,6 +30,13 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "Serve the OpenAI-compatible endpoint, subscribe to every pod's KV events and "
         "route each request to the pod holding the longest cached prefix of its prompt.",
     ),
+    "epp": (
+        "gateway.commands.epp",
+        "run kvgate's routing as a Gateway API endpoint picker (Envoy ext_proc)",
+        "Serve Envoy's external processing protocol over gRPC (--grpc-port, default 9002) as a "
+        "Gateway API Inference Extension endpoint picker: each request's pod is chosen as "
+        "`kvgate serve` would and named in x-gateway-destination-endpoint (docs/epp.md).",
+    ),
     "settings": (
         "gateway.commands.settings",
         "every setting of kvgate serve: variable, default, meaning",

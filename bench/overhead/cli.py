@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.overhead.channels import client_factory
+from bench.overhead.epp import pick_phase
 from bench.overhead.fleet import running_fleet, stream_fleet
 from bench.overhead.phases import (
     Bodies,
@@ -208,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
         print("kvgate bench overhead: terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     report(results)
+    pick = results["epp_pick"]
+    print(f"kvgate epp pick (headers + buffered body -> endpoint, gRPC): c=1 p50 "
+          f"{pick['c1']['p50_ms']} ms p90 {pick['c1']['p90_ms']} ms; c=32 p50 "
+          f"{pick['c32']['p50_ms']} ms p90 {pick['c32']['p90_ms']} ms (target p50 <= 1 ms "
+          f"at c=1: {'met' if pick['met'] else 'MISSED'})")  # fmt: skip
     write_json(args.json, results)
     print(f"JSON written to {args.json}")
     plot(args.plot, samples, stream_samples, results)
@@ -259,6 +265,12 @@ async def bench(plan: Plan) -> tuple[dict[str, Any], Samples, StreamSamples]:
                 )
             print(f"  throughput: {plan.duration_s:g} s per side...", flush=True)
             rps = await throughput(fleet, new, bodies, plan.rps_concurrency, plan.duration_s)
+            print(f"  epp picks: {plan.requests} at c=1, {plan.requests_c32} at c=32...",
+                  flush=True)  # fmt: skip
+            results["epp_pick"] = await pick_phase(
+                Path(workdir) / "pods.json", Path(workdir) / "epp.log", plan.requests,
+                plan.requests_c32,
+            )  # fmt: skip
             results["config"]["pids"] = {c.name: c.pid for c in fleet.children}
         stream = plan.stream
         print(f"  streaming: {stream.per_round} streams x {stream.tokens} tokens per target, "

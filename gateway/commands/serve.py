@@ -10,10 +10,14 @@ import random
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from gateway.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.app import Attach
 from gateway.http.protocol import bounded_protocol
 from gateway.observability.logs import configure_logging
 from gateway.routing.router import build_policies
@@ -83,6 +87,12 @@ def _flag_help(name: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_gateway(args, "serve")
+
+
+def run_gateway(args: argparse.Namespace, command: str, attach: Attach | None = None) -> int:
+    """`kvgate COMMAND`: the gateway app from the environment, --config and the flags of
+    `configure_parser`, served by uvicorn (with `attach` started beside it)."""
     configure_logging(args.log_level, "text")  # until the settings name the format
     overrides = {
         "pods_file": args.pods,
@@ -108,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
         build_policies(settings, random.Random())
         from gateway.app import create_app
 
-        app = create_app(settings)
+        app = create_app(settings, attach=attach)
     except ConfigError as exc:
-        print(f"kvgate serve: invalid configuration: {exc}", file=sys.stderr)
+        print(f"kvgate {command}: invalid configuration: {exc}", file=sys.stderr)
         return 2
     tune_gc(settings.gc_gen0_threshold)
     config = uvicorn.Config(
@@ -139,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         for listener in listeners:
             listener.close()
-        print(f"kvgate serve: cannot listen on {settings.host}:{port}: {exc.strerror}",
+        print(f"kvgate {command}: cannot listen on {settings.host}:{port}: {exc.strerror}",
               file=sys.stderr)  # fmt: skip
         return 1
     server = uvicorn.Server(config)

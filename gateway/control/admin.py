@@ -17,7 +17,8 @@ from starlette.routing import Route
 from gateway.control.persistence import capture_pod
 from gateway.control.registry import PodState
 from gateway.errors import BadRequest, NotFound, Unauthorized, clip
-from gateway.http.api import read_json, requested_policy, validate
+from gateway.http.api import read_json, requested_policy
+from gateway.http.turn import validate
 from gateway.observability.logs import REQUEST_ID
 from gateway.routing import Prediction
 from gateway.routing.cost import FEATURES

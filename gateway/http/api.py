@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import math
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
-import xxhash
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -20,31 +16,26 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.control.pinning.session import PIN_HEADER, PIN_TOKEN_HEADER, session_pin_hook
 from gateway.control.registry import PodState
 from gateway.errors import (
-    BadRequest,
     ClientClosed,
     GatewayError,
     PayloadTooLarge,
     RequestTimeout,
     refusal,
 )
+from gateway.http import turn
 from gateway.http.protocol import BODY_RECEIVED
+from gateway.http.turn import (
+    SLO_TPOT_HEADER,
+    SLO_TTFT_HEADER,
+    Turn,
+    parse_json,
+)
 from gateway.routing.router import Kind, Routed
 from gateway.state import GatewayState, state_of
 from gateway.upstream.proxy import ClientWatch, ProxyRequest
-from gateway.upstream.tokenizer import is_token_ids
-from gateway.upstream.usage import UsageMeter
 from subscriber import Phase
-
-POLICY_HEADERS = ("x-kvgate-policy", "routing-strategy")
-SLO_TTFT_HEADER = "x-slo-ttft-ms"
-SLO_TPOT_HEADER = "x-slo-tpot-ms"
-_POLICY_HEADERS = tuple(name.encode("latin-1") for name in POLICY_HEADERS)
-_PIN_HEADER = PIN_HEADER.encode("latin-1")
-_PIN_TOKEN_HEADER = PIN_TOKEN_HEADER.encode("latin-1")
-_SLO_HEADERS = {name: name.encode("latin-1") for name in (SLO_TTFT_HEADER, SLO_TPOT_HEADER)}
 
 
 async def read_json(
@@ -82,69 +73,7 @@ async def read_json(
     except ClientDisconnect:
         raise ClientClosed("the client closed the connection before sending its body") from None
     raw = b"".join(chunks)
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:  # json's C decoder recurses per nesting level
-        raise BadRequest("request body is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise BadRequest("request body must be a JSON object")
-    if _ESCAPED_SURROGATE.search(raw):
-        _check_unicode(body)
-    return raw, body
-
-
-# JSON may escape a UTF-16 surrogate (\ud800-\udfff); paired ones decode to one code point,
-# a lone one stays a surrogate that no UTF-8 encoder (the tokenizer's, the engine's) accepts.
-_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF][0-9a-fA-F]{2}")
-
-
-def _check_unicode(body: dict[str, Any]) -> None:
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise BadRequest(
-            "request body contains a lone UTF-16 surrogate (\\ud800-\\udfff): not valid Unicode"
-        ) from None
-
-
-def validate(kind: Kind, body: dict[str, Any]) -> None:
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("`model` is required and must be a non-empty string", param="model")
-    if "stream" in body and not isinstance(body["stream"], bool):
-        raise BadRequest("`stream` must be a boolean", param="stream")
-    if kind == "chat":
-        messages = body.get("messages")
-        if (
-            not isinstance(messages, list)
-            or not messages
-            or not all(isinstance(message, dict) for message in messages)
-        ):
-            raise BadRequest("`messages` must be a non-empty list of objects", param="messages")
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str | list) or (isinstance(prompt, list) and not prompt):
-            raise BadRequest(
-                "`prompt` must be a string, a list of strings or a list of token ids",
-                param="prompt",
-            )
-        if isinstance(prompt, list):
-            _check_prompt_list(prompt)
-
-
-def _check_prompt_list(prompt: list[Any]) -> None:
-    """A list prompt is strings, token ids, or lists of token ids."""
-    if all(isinstance(item, str) for item in prompt) or is_token_ids(prompt):
-        return
-    if all(isinstance(item, list) and item and is_token_ids(item) for item in prompt):
-        return
-    raise BadRequest(
-        "`prompt` must be a string, a list of strings, or token ids (integers in [0, 2**32), "
-        "not booleans), or a list of lists of them",
-        param="prompt",
-    )
+    return raw, parse_json(raw)
 
 
 def first_values(request: Request) -> dict[bytes, bytes]:
@@ -153,28 +82,19 @@ def first_values(request: Request) -> dict[bytes, bytes]:
     return dict(reversed(request.scope["headers"]))
 
 
-def _header(headers: Mapping[bytes, bytes], name: bytes) -> str | None:
-    value = headers.get(name)
-    return None if value is None else value.decode("latin-1")
+def peer_of(request: Request) -> str:
+    """The client's address (as `ForwardedClients` set it where proxies are trusted)."""
+    peer = request.client
+    return peer.host if peer is not None else ""
 
 
 def client_key(request: Request, headers: Mapping[bytes, bytes]) -> str:
-    """Who sent a request, for what is learned per client: its credentials (hashed, never
-    kept) where it sends any, else its address."""
-    credentials = headers.get(b"authorization")
-    if credentials:
-        return "key:" + xxhash.xxh64_hexdigest(credentials)
-    peer = request.client
-    return "addr:" + (peer.host if peer is not None else "")
+    """Who sent a request (`gateway.http.turn.client_key`)."""
+    return turn.client_key(headers, peer_of(request))
 
 
 def requested_policy(request: Request, headers: Mapping[bytes, bytes] | None = None) -> str | None:
-    headers = first_values(request) if headers is None else headers
-    for header in _POLICY_HEADERS:
-        value = headers.get(header)
-        if value:
-            return value.decode("latin-1")
-    return None
+    return turn.policy_named(first_values(request) if headers is None else headers)
 
 
 async def _generate(request: Request, kind: Kind, path: str) -> Response:
@@ -182,99 +102,42 @@ async def _generate(request: Request, kind: Kind, path: str) -> Response:
     settings = gateway.settings
     raw, body = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
     arrived = time.perf_counter()
-    validate(kind, body)
     headers = first_values(request)
-    profile = gateway.router.policy(requested_policy(request, headers))
-    session = _header(headers, settings.session_header.encode("latin-1"))
-    routed = await gateway.router.route(
-        kind, body, profile, session=session, slo_ttft_s=slo_ttft(request, headers),
-        slo_tpot_s=slo_tpot(request, headers), body_bytes=len(raw),
-        client=client_key(request, headers),
-    )  # fmt: skip
-    pin_turn = session_pin_hook(gateway, _header(headers, _PIN_HEADER),
-                                _header(headers, _PIN_TOKEN_HEADER), kind, body, routed,
-                                session)  # fmt: skip
+    decided = await Turn.decide(gateway, kind, raw, body, headers,
+                                peer=peer_of(request), arrived=arrived)  # fmt: skip
+    routed = decided.routed
     proxy_request = ProxyRequest(  # the client's own bytes go upstream, unchanged
         path=path,
         body=raw,
         headers=request.headers.raw,
-        model=body["model"],
-        policy=profile.name,
+        model=decided.model,
+        policy=decided.profile.name,
         extra_response_headers=lambda state: _decision_headers(routed, state),
     )
-    router = gateway.router
-    first = routed.decision.ranking[0]
-
-    def on_attempt(state: PodState) -> None:
-        if state is not first:  # a retry: the blocks and the prefill go to this pod instead
-            router.dispatch(routed, state)
-
-    model_metrics = gateway.metrics.http
-    model = body["model"]
-    meter = UsageMeter()
-    served_status = 0
-
-    def on_first_byte(state: PodState) -> None:
-        router.first_byte(routed, state)
-        model_metrics.model_ttft.labels(model).observe(time.perf_counter() - arrived)
-
-    def on_done() -> None:
-        model_metrics.model_duration.labels(model).observe(time.perf_counter() - arrived)
-        if not 200 <= served_status < 300:
-            router.finish(routed)
-            return
-        known = routed.request.prompt_tokens if routed.request.prompt_tokenized else None
-        usage = meter.usage(known)
-        engine_prompt = usage.prompt_tokens if usage.source == "engine" else None
-        router.finish(routed, usage.completion_tokens, engine_prompt)
-        if usage.prompt_tokens is not None:
-            model_metrics.prompt_tokens.labels(model, usage.source).inc(usage.prompt_tokens)
-        model_metrics.completion_tokens.labels(model, usage.source).inc(usage.completion_tokens)
-
-    def on_served(state: PodState, status: int) -> None:
-        nonlocal served_status
-        served_status = status
-        router.record_served(routed, state)
-        if pin_turn is not None and 200 <= status < 300:  # x-kvgate-pin: pin it there
-            pin_turn(state)
-
     try:
         return await gateway.upstream.forward(  # type: ignore[return-value]  # ASGI response
             proxy_request,
             routed.decision.ranking,
             ClientWatch.of(request.scope, request.receive),
-            on_attempt=on_attempt,
-            on_served=on_served,
-            on_first_byte=on_first_byte,
-            on_done=on_done,
-            meter=meter,
+            on_attempt=decided.on_attempt,
+            on_served=decided.on_served,
+            on_first_byte=decided.on_first_byte,
+            on_done=decided.on_done,
+            meter=decided.meter,
         )
     except BaseException:
-        on_done()
+        decided.on_done()
         raise
 
 
 def slo_ttft(request: Request, headers: Mapping[bytes, bytes] | None = None) -> float | None:
     """The client's TTFT objective in seconds (`x-slo-ttft-ms`), or None."""
-    return _objective(request, headers, SLO_TTFT_HEADER)
+    return turn.objective(first_values(request) if headers is None else headers, SLO_TTFT_HEADER)
 
 
 def slo_tpot(request: Request, headers: Mapping[bytes, bytes] | None = None) -> float | None:
     """The client's time-per-output-token objective in seconds (`x-slo-tpot-ms`), or None."""
-    return _objective(request, headers, SLO_TPOT_HEADER)
-
-
-def _objective(request: Request, headers: Mapping[bytes, bytes] | None, name: str) -> float | None:
-    raw = _header(first_values(request) if headers is None else headers, _SLO_HEADERS[name])
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise BadRequest(f"{name} must be a positive number of milliseconds", param=name)
-    return value / 1e3
+    return turn.objective(first_values(request) if headers is None else headers, SLO_TPOT_HEADER)
 
 
 def _decision_headers(routed: Routed, state: PodState) -> dict[str, str]:

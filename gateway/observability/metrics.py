@@ -29,6 +29,7 @@ from gateway.control.discovery import Pod
 from gateway.control.metrics import ControlMetrics
 from gateway.control.pinning.metrics import PinMetrics
 from gateway.control.registry import PodRegistry
+from gateway.epp.metrics import EppMetrics
 from gateway.http.metrics import HttpMetrics
 from gateway.observability.fleet import FleetCollector
 from gateway.routing.cost import CostModel
@@ -59,6 +60,8 @@ class GatewayMetrics:
         self.routing = RouterMetrics(registry)
         self.pins = PinMetrics(registry)
         self.control = ControlMetrics(registry)
+        self.epp = EppMetrics(registry)
+        """`kvgate epp`'s (at 0 under `kvgate serve`)."""
 
     def known_pod(self, pod: Pod, policy: str) -> None:
         """`pod` is known (discovery reported it; again at each update): its series and its

@@ -129,18 +129,28 @@ class Router:
         body_bytes: int = 0,
         client: str = "",
         dry_run: bool = False,
+        only: Callable[[PodState], bool] | None = None,
     ) -> Routed:
         """Decide where `body` goes, in three stages: what the decision looks at (the
         prompt tokenized, hashed and matched), the profile's decision, and its commitment
         to the chosen pod. A `dry_run` (the admin API's explanation) tokenizes even for
-        load-only policies, predicts every pod's TTFT and commits nothing."""
+        load-only policies, predicts every pod's TTFT and commits nothing. `only`: the
+        pods the request may go to (an endpoint picker's subset hint); none of them serving
+        the model is a NoRoutablePod."""
         started = self._clock()
         serving = self._registry.serving(body["model"])
         if not serving:
             raise ModelNotFound(f"The model `{clip(body['model'])}` does not exist.", param="model")
+        if only is not None:
+            serving = [state for state in serving if only(state)]
+            if not serving:
+                raise NoRoutablePod(
+                    f"no pod of the request's subset serves model `{clip(body['model'])}`"
+                )
         request = await self._routing_request(
             kind, body, serving, prefix=profile.uses_prefix or dry_run, session=session,
             slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, body_bytes=body_bytes, client=client,
+            only=only,
         )  # fmt: skip
         routed = self._decide(request, profile, serving, started)
         if dry_run:
@@ -163,6 +173,7 @@ class Router:
         slo_tpot_s: float | None,
         body_bytes: int,
         client: str,
+        only: Callable[[PodState], bool] | None = None,
     ) -> RoutingRequest:
         """What the decision looks at: the prompt's blocks and where each is cached. A
         policy that does not read prefixes (`prefix` false) still gets an exact token count
@@ -172,6 +183,10 @@ class Router:
         # `serving`'s: taken before any await
         names = self._registry.serving_names(model)
         routable, routable_names = self._registry.routable_serving(model)
+        if only is not None:  # `serving` is already the subset
+            names = tuple(state.name for state in serving)
+            routable = tuple(state for state in routable if only(state))
+            routable_names = tuple(state.name for state in routable)
         hashes: list[int] = []
         tokens: list[int] | None = None
         if prefix or await self._tokenizes_locally(model):

@@ -22,9 +22,9 @@ class UpstreamMetrics:
         self.requests = Children(
             Counter(
                 "kvgate_requests",
-                "Proxied requests, each once, by model, the pod that answered (or was tried "
-                "last), policy and the status the client saw (cut / client_disconnect: ended "
-                "mid-answer)",
+                "Proxied requests (picked ones under `kvgate epp`), each once, by model, the pod "
+                "that answered (or was tried last), policy and the status the client saw (cut / "
+                "client_disconnect: ended mid-answer)",
                 ["model", "pod", "policy", "status"],
                 registry=registry,
             )
@@ -40,7 +40,7 @@ class UpstreamMetrics:
         self.inflight = Children(
             Gauge(
                 "kvgate_inflight_requests",
-                "Requests being proxied, by pod",
+                "Requests being proxied (or picked and not yet answered whole), by pod",
                 ["pod"],
                 registry=registry,
             )

@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -67,6 +68,15 @@ class UpstreamCut(Exception):
 
 class ClientGone(Exception):
     """The client disconnected; there is nobody to answer."""
+
+
+class Labelled(Protocol):
+    """What a request's counters are labelled with."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +232,7 @@ class Upstream:
                 POD.set(state.name)  # this request's log lines name the pod tried
                 if on_attempt is not None:
                     on_attempt(state)
-                self._acquire(state)
+                self.acquire(state)
                 try:
                     exchange = await self._pool.send(
                         state.pod.url, head, request.body, on_exchange=self._watcher(state, watch)
@@ -265,7 +275,8 @@ class Upstream:
             raise
         raise UpstreamError("no pod could take the request")  # pragma: no cover - ranking empty
 
-    def _acquire(self, state: PodState) -> None:
+    def acquire(self, state: PodState) -> None:
+        """A request goes to `state`: it is in flight there until its `release`."""
         state.inflight += 1
         self._metrics.inflight.labels(state.name).inc()
 
@@ -276,7 +287,7 @@ class Upstream:
         self._metrics.upstream_errors.labels(state.name, "midstream").inc()
 
     def release(
-        self, state: PodState, request: ProxyRequest, outcome: str, *, final: bool = True
+        self, state: PodState, request: Labelled, outcome: str, *, final: bool = True
     ) -> None:
         """An attempt on `state` ended with `outcome`; `final`: it is also the request's
         end, which the client saw (`kvgate_requests_total` counts each request once, with

@@ -94,6 +94,11 @@ def test_bench_overhead_writes_every_figure(tmp_path: Path) -> None:
     assert kvgate["stream_chunks"] == 2 * 2 * 8  # 2 x --streams per round, 8 tokens each
     assert {row["ok"] for row in figures["targets"]} <= {True, False, None}
     assert "added inter-chunk delay p99" in result.stdout
+    pick = figures["epp_pick"]  # kvgate epp's pick over gRPC, BUFFERED
+    assert pick["c1"]["requests"] == 30 and pick["c32"]["requests"] == 64
+    assert 0 < pick["c1"]["p50_ms"] <= pick["c1"]["p90_ms"]
+    assert 0 < pick["c32"]["p50_ms"] <= pick["c32"]["p90_ms"]
+    assert "kvgate epp pick" in result.stdout
 
 
 async def test_streaming_phase_counts_every_chunk_the_engine_sent(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ from starlette.routing import Route
 
 from gateway.control.admin import authorized
 from gateway.errors import BadRequest, NotFound, UpstreamError, clip
-from gateway.http.api import read_json, validate
+from gateway.http.api import read_json
+from gateway.http.turn import validate
 from gateway.routing.router import Kind
 
 
