@@ -94,10 +94,15 @@ def test_bench_overhead_writes_every_figure(tmp_path: Path) -> None:
     assert kvgate["stream_chunks"] == 2 * 2 * 8  # 2 x --streams per round, 8 tokens each
     assert {row["ok"] for row in figures["targets"]} <= {True, False, None}
     assert "added inter-chunk delay p99" in result.stdout
-    pick = figures["epp_pick"]  # kvgate epp's pick over gRPC, BUFFERED
-    assert pick["c1"]["requests"] == 30 and pick["c32"]["requests"] == 64
-    assert 0 < pick["c1"]["p50_ms"] <= pick["c1"]["p90_ms"]
-    assert 0 < pick["c32"]["p50_ms"] <= pick["c32"]["p90_ms"]
+    pick = figures["epp_pick"]  # kvgate epp's pick over gRPC beside the null picker's
+    for mode in ("FULL_DUPLEX_STREAMED", "BUFFERED"):
+        for level, requests in (("c1", 30), ("c32", 64)):
+            figures_ = pick[mode][level]
+            for side in ("picker", "null"):
+                assert figures_[side]["requests"] == requests, (mode, level, side)
+                assert 0 < figures_[side]["p50_ms"] <= figures_[side]["p90_ms"]
+            assert len(figures_["added_p50_ms_by_slice"]) == 4
+    assert isinstance(pick["met"], bool)
     assert "kvgate epp pick" in result.stdout
 
 
