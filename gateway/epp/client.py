@@ -170,11 +170,20 @@ class EnvoyStream:
 class EnvoyClient:
     """A channel to a picker (`target`: `host:port`); `stream()` opens one request's."""
 
-    def __init__(self, target: str, *, root_certificates: bytes | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        root_certificates: bytes | None = None,
+        client_pair: tuple[bytes, bytes] | None = None,
+    ) -> None:
+        """`root_certificates`: TLS, trusting these (PEM); `client_pair`: (key, chain), the
+        client certificate mutual TLS asks for."""
         if root_certificates is None:
             self._channel = grpc.aio.insecure_channel(target)
         else:
-            credentials = grpc.ssl_channel_credentials(root_certificates)
+            key, chain = client_pair or (None, None)
+            credentials = grpc.ssl_channel_credentials(root_certificates, key, chain)
             self._channel = grpc.aio.secure_channel(target, credentials)
         self._stub = external_processor_pb2_grpc.ExternalProcessorStub(self._channel)
 

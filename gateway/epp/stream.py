@@ -79,10 +79,26 @@ class PickStream:
             return answers if self.finished else [*answers, protocol.continue_trailers("request")]
         return self._response(message)
 
+    @property
+    def picked(self) -> bool:
+        return self.booking is not None
+
+    @property
+    def started(self) -> bool:
+        """The request headers arrived."""
+        return self._headers is not None
+
     def close(self) -> None:
         """The stream ended: a request still in flight is released as abandoned."""
         if self.booking is not None and not self.booking.released:
             self.booking.release("client_disconnect")
+
+    def stalled(self) -> None:
+        """The answer stopped coming: released as the proxy releases an upstream timeout."""
+        if self.booking is not None and not self.booking.released:
+            self.booking.release("504")
+            upstream = self._picker.gateway.metrics.upstream
+            upstream.upstream_errors.labels(self.booking.state.name, "timeout").inc()
 
     def _request_headers(self, message: Headers) -> list[Pb]:
         if self._headers is not None:
@@ -100,7 +116,7 @@ class PickStream:
             if message.end_of_stream:
                 raise BadRequest("a chat or completion request needs its JSON body")
         except GatewayError as error:
-            return self._refuse(error)
+            return self.refuse(error)
         return [protocol.continue_headers("request")] if self._headers_first else []
 
     async def _request_body(self, message: Body) -> list[Pb]:
@@ -112,7 +128,7 @@ class PickStream:
         try:
             self._picker.check_size(self._size)
         except GatewayError as error:
-            return self._refuse(error)
+            return self.refuse(error)
         self._chunks.append(message.data)
         if message.end_of_stream:
             return await self._complete()
@@ -133,7 +149,7 @@ class PickStream:
                 self._kind, raw, headers, self._headers.subset, self._client(headers)
             )
         except GatewayError as error:
-            return self._refuse(error)
+            return self.refuse(error)
         endpoint = booking.endpoint
         mode = self._modes.request
         if self._headers_first:
@@ -158,7 +174,8 @@ class PickStream:
             return forwarded.decode("latin-1").rsplit(",", 1)[-1].strip()
         return self._peer
 
-    def _refuse(self, error: GatewayError) -> list[Pb]:
+    def refuse(self, error: GatewayError) -> list[Pb]:
+        """Answer with an ImmediateResponse carrying `error`; the stream ends."""
         self._picker.refused(error)
         self.finished = True
         body = json.dumps(error.body()).encode()

@@ -267,3 +267,63 @@ async def test_a_stream_dropped_mid_answer_releases_its_charge_once(
     await asyncio.sleep(0.2)  # nothing releases it a second time
     assert await picker.metric(inflight) == 0
     assert await picker.metric(sample) == 1
+
+
+async def test_streams_beyond_the_concurrency_limit_get_a_429(start_picker: StartPicker) -> None:
+    """`KVGATE_MAX_CONCURRENT_REQUESTS` bounds ext_proc streams as it bounds proxied
+    requests: the one beyond gets the proxy's 429 with Retry-After; once a stream ends, a
+    new one is served."""
+    picker = await start_picker(engines=1, max_concurrent_requests=2)
+    held = [picker.envoy.stream() for _ in range(2)]
+    for stream in held:  # two requests whose bodies have not arrived: they hold their slots
+        await stream.request_headers(CHAT)
+    await eventually(lambda: _active(picker) == 2, what="two streams open")
+    refused = immediate(await request_pick(picker.envoy.stream(), CHAT, chat("one more")))
+    assert refused.status == 429 and refused.headers["retry-after"] == "1"
+    assert json.loads(refused.immediate_body)["error"]["type"] == "rate_limit_error"
+    assert await picker.metric('kvgate_requests_rejected_total{reason="TooManyRequests"}') == 1
+    held[0].cancel()
+    await eventually(lambda: _active(picker) == 1, what="a slot freed")
+    assert (await exchange(picker, chat("now there is room"))).endpoint
+    held[1].cancel()
+
+
+def _active(picker: Picker) -> int:
+    processor = picker.service.processor
+    assert processor is not None
+    return processor.active
+
+
+async def test_a_body_that_never_ends_gets_a_408(start_picker: StartPicker) -> None:
+    """The slow-loris bound of the proxy (`KVGATE_BODY_TIMEOUT`) holds for a stream: its
+    body must arrive whole in time, else an ImmediateResponse 408 ends it."""
+    picker = await start_picker(engines=1, body_timeout_s=0.5)
+    stream = picker.envoy.stream()
+    await stream.request_headers(CHAT)
+    await stream.request_body(chat("half")[:10], end_of_stream=False)
+    answer = await asyncio.wait_for(stream.read(), 10)
+    assert answer is not None and answer.kind == "immediate_response" and answer.status == 408
+    assert await picker.metric('kvgate_requests_rejected_total{reason="RequestTimeout"}') == 1
+    await eventually(lambda: _active(picker) == 0, what="the stream gone")
+
+
+async def test_an_answer_that_stalls_releases_its_charge_as_a_504(
+    start_picker: StartPicker,
+) -> None:
+    """Once picked, each next message of the answer must come within
+    `KVGATE_UPSTREAM_TIMEOUT`, as the proxy waits for an engine's next byte: a data plane
+    that goes silent does not hold the pod's in-flight charge for ever."""
+    picker = await start_picker(engines=1, upstream_timeout_s=0.5)
+    stream = picker.envoy.stream()
+    answers = await request_pick(stream, CHAT, chat("and then silence"))
+    endpoint = next(a.destination for a in answers if a.destination)
+    assert endpoint is not None
+    pod = picker.endpoints()[endpoint]
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await asyncio.wait_for(stream.read(), 10)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert await picker.metric(f'kvgate_inflight_requests{{pod="{pod}"}}') == 0
+    sample = (f'kvgate_requests_total{{model="{MODEL}",pod="{pod}",policy="prefix-cache",'
+              'status="504"}')  # fmt: skip
+    assert await picker.metric(sample) == 1
+    assert await picker.metric(f'kvgate_upstream_errors_total{{kind="timeout",pod="{pod}"}}') == 1

@@ -18,13 +18,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.epp.client import EnvoyClient, request_pick
+from gateway.epp.server import EppConfig
 from tests.conftest import StartEngine
 from tests.gateway.conftest import pod_entry
-from tests.gateway.epp.conftest import CHAT, chat
+from tests.gateway.epp.conftest import CHAT, StartPicker, chat
 from tests.helpers import ROOT, eventually, free_ports, run_kvgate
 
 
 def _self_signed(folder: Path) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
     cert, key = folder / "tls.crt", folder / "tls.key"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -39,6 +41,9 @@ def test_cert_without_key_is_refused() -> None:
     result = run_kvgate("epp", "--grpc-cert", "/nonexistent.crt")
     assert result.returncode == 2
     assert "--grpc-cert and --grpc-key go together" in result.stderr
+    result = run_kvgate("epp", "--grpc-client-ca", "/nonexistent.pem")
+    assert result.returncode == 2
+    assert "--grpc-client-ca needs --grpc-cert and --grpc-key" in result.stderr
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl for a certificate")
@@ -84,3 +89,33 @@ async def test_kvgate_epp_picks_over_tls_and_serves_metrics(
         # uvicorn re-raises the signal it handled once shut down, as under `kvgate serve`
         assert await asyncio.wait_for(process.wait(), 30) in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in (tmp_path / "epp.log").read_text()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl for certificates")
+async def test_with_a_client_ca_only_a_data_plane_holding_its_certificate_picks(
+    start_picker: StartPicker, tmp_path: Path
+) -> None:
+    """`--grpc-client-ca`: mutual TLS. A client without a certificate, or with one the CA
+    did not sign, never completes the handshake; the data plane's certificate picks."""
+    server_cert, server_key = _self_signed(tmp_path / "server")
+    plane_cert, plane_key = _self_signed(tmp_path / "plane")  # self-signed: its own CA
+    stranger_cert, stranger_key = _self_signed(tmp_path / "stranger")
+    config = EppConfig("127.0.0.1", 0, server_cert, server_key, client_ca=plane_cert)
+    picker = await start_picker(engines=1, config=config)
+    target, roots = f"localhost:{picker.service.port}", server_cert.read_bytes()
+    for pair in (None, (stranger_key.read_bytes(), stranger_cert.read_bytes())):
+        refused = EnvoyClient(target, root_certificates=roots, client_pair=pair)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await asyncio.wait_for(request_pick(refused.stream(), CHAT, chat("hi")), 30)
+            assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await refused.close()
+    plane = (plane_key.read_bytes(), plane_cert.read_bytes())
+    envoy = EnvoyClient(target, root_certificates=roots, client_pair=plane)
+    try:
+        answers = await asyncio.wait_for(request_pick(envoy.stream(), CHAT, chat("hi")), 30)
+        assert answers[0].destination == picker.engines[0].url.removeprefix("http://")
+    finally:
+        await envoy.close()
+    assert await picker.metric('kvgate_epp_picks_total{result="picked"}') == 1
