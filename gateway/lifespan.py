@@ -174,7 +174,7 @@ async def _cost_model(base: Foundation, client: httpx.AsyncClient) -> CostModel:
     """The cost model; with `KVGATE_BOOTSTRAP_PEER`, its state from a running peer (the
     fresher view: before any file's)."""
     settings = base.settings
-    cost = CostModel(settings.cost_params(), pure_python=settings.index.pure_python)
+    cost = CostModel(settings.cost_params())
     bootstrap_metrics = BootstrapMetrics(base.metrics.prometheus)
     if settings.bootstrap_peer is not None:
         await cost_model_from_peer(

@@ -52,7 +52,7 @@ from typing import Any, NamedTuple, Protocol
 from gateway.routing.cost_state import EXPORT_VERSION, MAX_PODS, check_export
 from gateway.routing.kernels import SEQ_UNIT as _SEQ_UNIT
 from gateway.routing.kernels import TOKEN_UNIT as _TOKEN_UNIT
-from gateway.routing.kernels import Kernels, arrivals, delays
+from gateway.routing.kernels import affine_costs, affine_order, arrivals, delays, pod_estimate
 from gateway.routing.tpot import TpotModel, TpotPrediction
 from gateway.routing.ttft_model import FEATURES, STEP_TERM, CostParams, PodSpeed, TtftModel
 
@@ -289,13 +289,8 @@ class CostModel:
         params: CostParams | None = None,
         *,
         clock: Callable[[], float] | None = None,
-        pure_python: bool | None = None,
     ) -> None:
-        """`pure_python`: rank without the compiled kernels (None: as KVGATE_PURE_PYTHON
-        says, like the index)."""
         self.params = params or CostParams()
-        self.kernels = Kernels.load(pure_python)
-        """A decision's passes over its candidates (the pickers use them too)."""
         self._clock = clock or time.perf_counter
         self._pods: dict[str, _PodWork] = {}
         self.fleet = TtftModel(self.params)
@@ -415,7 +410,7 @@ class CostModel:
         chosen pod's is made when the request is dispatched)."""
         ranking, now = self._current_ranking(pods, names)
         held, prompt = self.work_of(cached, prompt_tokens)
-        return self.kernels.affine_costs(
+        return affine_costs(
             ranking.bases, ranking.units, ranking.ends, held, prompt, self._theta[STEP_TERM],
             now,
         )  # fmt: skip
@@ -448,7 +443,7 @@ class CostModel:
         ranking, now = self._current_ranking(pods, names)
         rates = self._rates(ranking, now) if arrival_weight else []
         held, prompt = self.work_of(cached, prompt_tokens)
-        return self.kernels.affine_order(
+        return affine_order(
             ranking.bases, ranking.units, ranking.ends, held, prompt,
             self._theta[STEP_TERM], now, tolerance, ranking.waits, delay_weight, rates,
             arrival_weight, prefill_weight,
@@ -595,12 +590,12 @@ class CostModel:
         """What the pod's TTFT is made of, whatever the request's prompt: the estimate kept
         on its work while its work, its scrape and the decisions' θ are those it was made
         with (a pod changed twice, or estimated by another decision since, is not estimated
-        again), else a new one (`kernels.pod_estimate`, compiled where built)."""
+        again), else a new one (`kernels.pod_estimate`)."""
         e = work.estimate
         version = self._theta_version
         if e is None or e[0] != work.version or e[1] != version or e[2] != scraped_at:
-            e = self.kernels.pod_estimate(work, self._theta, self._typical_speed, version,
-                                          scraped_at, running, waiting, _Estimate)  # fmt: skip
+            e = pod_estimate(work, self._theta, self._typical_speed, version, scraped_at,
+                             running, waiting, _Estimate)  # fmt: skip
         return e
 
     def typical_speed(self) -> float:

@@ -1,18 +1,13 @@
 """A decision's passes over its candidates: each runs once per decision over every pod of
-the model, so each has a compiled twin in `indexer._native` (same operations, same
-answers), and these pure-Python ones where it was not built or KVGATE_PURE_PYTHON asks."""
+the model."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from indexer.native import AffineCosts, AffineOrder, Argsort, PodEstimate, load_native
-
 TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
-SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision (the C twin
-# writes both as literals)
+SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
 
 _E = TypeVar("_E", bound=tuple[Any, ...])
 
@@ -204,20 +199,3 @@ def pod_estimate(
     )  # fmt: skip
     estimate = work.estimate = tuple.__new__(make, values)
     return estimate
-
-
-@dataclass(frozen=True, slots=True)
-class Kernels:
-    affine_costs: AffineCosts
-    argsort: Argsort
-    affine_order: AffineOrder
-    pod_estimate: PodEstimate
-
-    @classmethod
-    def load(cls, pure_python: bool | None = None) -> Kernels:
-        """The compiled kernels where built, unless `pure_python` (None: as
-        KVGATE_PURE_PYTHON says)."""
-        native = load_native(pure_python)
-        if native is None:
-            return cls(affine_costs, argsort, affine_order, pod_estimate)
-        return cls(native.affine_costs, native.argsort, native.affine_order, native.pod_estimate)

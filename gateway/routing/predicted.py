@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from gateway.control.registry import PodState
 from gateway.errors import SloUnreachable
 from gateway.routing.cost import CostModel, Prediction
-from gateway.routing.kernels import most_cached_first, near_ties
+from gateway.routing.kernels import argsort, most_cached_first, near_ties
 from gateway.routing.request import RoutingRequest
 from indexer import MatchResult, Tier
 
@@ -286,7 +286,7 @@ class MinPredictedTtftPicker:
             weight = self.arrival_weight / 2.0
             charged = self._cost.rank_arrivals(pods, names, prefills)
             costs = [cost + weight * each for cost, each in zip(costs, charged, strict=True)]
-        order = self._cost.kernels.argsort(costs)
+        order = argsort(costs)
         probed = self._probed(order, names)
         if probed is not None:
             return [pods[probed], *(pods[i] for i in order)]

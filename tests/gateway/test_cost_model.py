@@ -774,13 +774,12 @@ def test_the_pickers_costs_are_the_predictions_themselves() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pure_python", "log_size", "context_share"),
-    [(True, 4096, 0.0), (False, 4096, 0.0), (False, 16, 0.0), (True, 4096, 4e-5),
-     (False, 4096, 4e-5)],
-    ids=["pure", "compiled", "short-change-log", "pure-context", "compiled-context"],
-)  # fmt: skip
+    ("log_size", "context_share"),
+    [(4096, 0.0), (16, 0.0), (4096, 4e-5)],
+    ids=["plain", "short-change-log", "context"],
+)
 def test_rank_costs_follow_every_change_of_the_pods(
-    pure_python: bool, log_size: int, context_share: float, monkeypatch: pytest.MonkeyPatch
+    log_size: int, context_share: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`rank_costs` keeps each candidate list's estimates between decisions and
     re-estimates only the pods whose work changed: after any sequence of requests sent,
@@ -790,7 +789,7 @@ def test_rank_costs_follow_every_change_of_the_pods(
     monkeypatch.setattr("gateway.routing.cost._MAX_CHANGES", log_size)
     clock = Clock()
     params = CostParams(context_share=context_share)
-    cost = CostModel(params, clock=clock, pure_python=pure_python)
+    cost = CostModel(params, clock=clock)
     rng = random.Random(3)
     names = [f"pod-{i}" for i in range(6)]
     pods = [pod(name) for name in names]
