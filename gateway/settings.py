@@ -22,9 +22,9 @@ from gateway.control.replication.keys import (
 )
 from gateway.errors import ConfigError
 from gateway.routing.config import builtin_names
-from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE, CostParams
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import IndexConfig, IndexLimits, Tier
+from predictor import CALIBRATED_CONTEXT_SHARE, CostParams
 
 logger = logging.getLogger(__name__)
 

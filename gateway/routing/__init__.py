@@ -3,7 +3,6 @@ from a routing config (the built-in policies are one: policies.toml)."""
 
 from gateway.routing.affinity import Affinity, PinAffinityPreference
 from gateway.routing.config import build_profiles, configured_profiles, load_specs
-from gateway.routing.cost import FEATURES, CostModel, Prediction, Ticket
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
 from gateway.routing.load import LoadEstimator
 from gateway.routing.pickers import (
@@ -18,12 +17,11 @@ from gateway.routing.predicted import MinPredictedTtftPicker, PredictedTtftScore
 from gateway.routing.profile import Decision, Preference, RoutingProfile, Weighted
 from gateway.routing.request import CycleState, RoutingRequest
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
-from gateway.routing.ttft_model import CostParams
+from predictor import FEATURES, CostParams, Prediction, Predictor, Ticket, TpotPrediction
 
 __all__ = [
     "FEATURES",
     "Affinity",
-    "CostModel",
     "CostParams",
     "CycleState",
     "Decision",
@@ -39,6 +37,7 @@ __all__ = [
     "PluginContext",
     "PredictedTtftScorer",
     "Prediction",
+    "Predictor",
     "Preference",
     "PrefixScorer",
     "RandomPicker",
@@ -49,6 +48,7 @@ __all__ = [
     "Scorer",
     "SessionPicker",
     "Ticket",
+    "TpotPrediction",
     "Weighted",
     "build_profiles",
     "configured_profiles",

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.routing.config import BUILTIN, normalise, read_config
-from gateway.routing.cost import CostModel
 from gateway.routing.load import LoadEstimator
 from gateway.routing.plugins import (
     FILTERS,
@@ -26,6 +25,7 @@ from gateway.routing.plugins import (
     PluginContext,
 )
 from gateway.settings import AIBRIX_STRATEGIES, Settings
+from predictor import Predictor
 
 KINDS: tuple[tuple[str, Mapping[str, Callable[[Params, PluginContext], object]]], ...] = (
     ("filter", FILTERS),
@@ -50,7 +50,7 @@ def plugins() -> list[PluginDoc]:
     ctx = PluginContext(
         rng=random.Random(0),
         load=LoadEstimator(),
-        cost=CostModel(),
+        cost=Predictor(),
         affinity=None,
         block_size=settings.index.block_size,
         hot_spot_margin=settings.hot_spot_margin,

@@ -15,7 +15,6 @@ from typing import Any
 
 from gateway.errors import ConfigError
 from gateway.routing.affinity import Affinity, PinAffinityPreference
-from gateway.routing.cost import CostModel
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
 from gateway.routing.load import LoadEstimator
 from gateway.routing.pickers import (
@@ -33,6 +32,7 @@ from gateway.routing.predicted import (
 from gateway.routing.profile import Preference
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
 from indexer import Tier
+from predictor import Predictor
 
 MAX_WEIGHT = 1000.0
 """A scorer's weight is at most this: a profile's total (weight × a score in [0, 1], summed
@@ -47,7 +47,7 @@ MAX_INTEGER = 2**31 - 1
 class PluginContext:
     rng: random.Random
     load: LoadEstimator
-    cost: CostModel
+    cost: Predictor
     affinity: Affinity | None
     """The pin manager's lease lookup (the `pin-affinity` preference); None: no pins."""
     block_size: int

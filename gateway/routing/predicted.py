@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 
 from gateway.control.registry import PodState
 from gateway.errors import SloUnreachable
-from gateway.routing.cost import CostModel, Prediction
-from gateway.routing.kernels import argsort, most_cached_first, near_ties
 from gateway.routing.request import RoutingRequest
 from indexer import MatchResult, Tier
+from predictor import Prediction, Predictor, argsort, arrivals, delays, most_cached_first, near_ties
+from predictor.costs import affine_order
 
 DEFAULT_CHUNK_TOKENS = 8192
 """vLLM's `max_num_batched_tokens` for an OpenAI server on a large GPU, and SGLang's
@@ -18,7 +18,7 @@ DEFAULT_CHUNK_TOKENS = 8192
 
 
 def cached_tokens(
-    cost: CostModel, block_size: int, match: MatchResult | None, names: list[str] | tuple[str, ...]
+    cost: Predictor, block_size: int, match: MatchResult | None, names: list[str] | tuple[str, ...]
 ) -> list[float]:
     """The prompt tokens each of `names` need not prefill, from the match (GPU and expected
     blocks free, CPU and STORAGE blocks at their load cost)."""
@@ -39,7 +39,7 @@ def cached_tokens(
 
 
 def predict_all(
-    cost: CostModel,
+    cost: Predictor,
     block_size: int,
     request: RoutingRequest,
     pods: Sequence[PodState],
@@ -68,7 +68,7 @@ class PredictedTtftScorer:
     name = "predicted-ttft"
     uses_prefix = True
 
-    def __init__(self, cost: CostModel, block_size: int) -> None:
+    def __init__(self, cost: Predictor, block_size: int) -> None:
         self._cost = cost
         self._block_size = block_size
 
@@ -124,7 +124,7 @@ class MinPredictedTtftPicker:
 
     def __init__(
         self,
-        cost: CostModel,
+        cost: Predictor,
         block_size: int,
         rng: random.Random,
         *,
@@ -221,8 +221,14 @@ class MinPredictedTtftPicker:
         if plain and not objectives:
             # Only the TTFT (and the charges for the capacity and the delays to others)
             # counts: ranked and its near-ties ordered in one compiled pass.
-            order, _, equal = self._cost.rank_order(
-                pods, cached, request.prompt_tokens, names, self.tie_tolerance, self.delay_weight,
+            cost = self._cost
+            ranking, now = cost.candidates(pods, names)
+            held, prompt = cost.work_of(cached, request.prompt_tokens)
+            window = cost.params.activity_window_s
+            rates = ranking.rates(now, window) if self.arrival_weight else []
+            order, _, equal = affine_order(
+                ranking.bases, ranking.units, ranking.ends, held, prompt, cost.step_term, now,
+                self.tie_tolerance, ranking.waits, self.delay_weight, rates,
                 self.arrival_weight / 2.0, self.prefill_weight,
             )  # fmt: skip
             probed = self._probed(order, names)
@@ -232,6 +238,7 @@ class MinPredictedTtftPicker:
                 order.insert(0, order.pop(self._rng.randrange(equal)))
             return list(map(pods.__getitem__, order))
         ttfts, prefills = self._cost.rank_costs(pods, cached, request.prompt_tokens, names)
+        ranking, now = self._cost.candidates(pods, names)
         if objectives:
             meets = [True] * len(pods) if slo is None else [ttft <= slo for ttft in ttfts]
             tpots: list[float] = []
@@ -278,13 +285,13 @@ class MinPredictedTtftPicker:
                 prefill * min(1.0, chunk / own) if (own := tokens - held) > 0 else prefill
                 for prefill, held in zip(prefills, cached, strict=True)
             ]
-            delays = self._cost.rank_delays(pods, names, delaying)
-            costs = [cost + weight * delay for cost, delay in zip(costs, delays, strict=True)]
+            charged = delays(delaying, ranking.waits)
+            costs = [cost + weight * delay for cost, delay in zip(costs, charged, strict=True)]
         if self.arrival_weight:
             # What its prefill there costs the requests that reach that pod while it runs
             # (at the pod's recent rate): each waits out the rest of it, half on average.
             weight = self.arrival_weight / 2.0
-            charged = self._cost.rank_arrivals(pods, names, prefills)
+            charged = arrivals(prefills, ranking.rates(now, self._cost.params.activity_window_s))
             costs = [cost + weight * each for cost, each in zip(costs, charged, strict=True)]
         order = argsort(costs)
         probed = self._probed(order, names)
@@ -335,7 +342,7 @@ class MinPredictedTtftPicker:
         """Each candidate's load for a placement: its dominant share of the traffic routed
         to the candidates lately — of the requests (each a place in the pod's steps until
         its answer ends; counted × the pod's speed, so a pod twice as slow carries half
-        as many) or of their predicted prefill work (`CostModel.busy`: prompts differ in
+        as many) or of their predicted prefill work (`Predictor.busy`: prompts differ in
         size a hundredfold), whichever is larger. By requests alone a pod given a few
         32k-token prompts looks as free as one given as many short ones; by work alone a
         pod serving warm conversations, whose turns are mostly cached, looks idle and

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.control.registry import PodState
-from gateway.routing.cost import Prediction
 from indexer import MatchResult, ModelContext
+from predictor import Prediction
 
 
 @dataclass(slots=True)  # not frozen: one per decision, and a frozen __init__ costs 2.4×

@@ -14,11 +14,11 @@ from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreacha
 from gateway.observability.logs import ACCESS_FIELDS
 from gateway.routing import (
     Affinity,
-    CostModel,
     Decision,
     LoadEstimator,
     PluginContext,
     Prediction,
+    Predictor,
     RoutingProfile,
     RoutingRequest,
     Ticket,
@@ -74,7 +74,7 @@ class Router:
         policies: Mapping[str, RoutingProfile],
         default_policy: str,
         metrics: RouterMetrics,
-        cost: CostModel,
+        cost: Predictor,
         sink: DecisionSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
         max_prompt_tokens: int | None = None,
@@ -404,17 +404,17 @@ def build_policies(
     settings: Settings,
     rng: random.Random,
     *,
-    cost: CostModel | None = None,
+    cost: Predictor | None = None,
     affinity: Affinity | None = None,
     timer: PluginTimer | None = None,
 ) -> dict[str, RoutingProfile]:
     """The built-in policies with `settings.routing_config` laid over them."""
-    context = plugin_context(settings, rng, cost or CostModel(), affinity)
+    context = plugin_context(settings, rng, cost or Predictor(), affinity)
     return configured_profiles(settings.routing_config, settings.default_policy, context, timer)
 
 
 def plugin_context(
-    settings: Settings, rng: random.Random, cost: CostModel, affinity: Affinity | None
+    settings: Settings, rng: random.Random, cost: Predictor, affinity: Affinity | None
 ) -> PluginContext:
     """What every routing plugin of one gateway shares, with defaults from `settings`."""
     return PluginContext(

@@ -27,11 +27,12 @@ from prometheus_client import CollectorRegistry
 from gateway.control.discovery import Pod
 from gateway.control.registry import PodRegistry
 from gateway.errors import SloUnreachable
-from gateway.routing import CostModel, RoutingRequest
+from gateway.routing import RoutingRequest
 from gateway.routing.metrics import RouterMetrics
 from gateway.routing.router import Routed, Router, build_policies
 from gateway.settings import Settings
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
+from predictor import Predictor
 
 MODEL = "replay-model"
 BLOCK = 16
@@ -98,7 +99,7 @@ async def replay(pods: int, seed: int, shed: bool, decisions: int = DECISIONS) -
                                  medium=medium)  # fmt: skip
                 table.apply_stored(name, stored)
                 parent, engine_hash = engine_hash, engine_hash + 1
-    cost = CostModel(settings.cost_params(), clock=clock)
+    cost = Predictor(settings.cost_params(), clock=clock)
     policy_rng = random.Random(seed + 100)
     router = Router(
         registry=registry, table=table, tokenizer=None,

@@ -10,8 +10,7 @@ import httpx
 import pytest
 
 from gateway.routing import FEATURES
-from gateway.routing.tpot import TPOT_FEATURES
-from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE
+from predictor import CALIBRATED_CONTEXT_SHARE, TPOT_FEATURES
 from simulator import LatencyModel
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry

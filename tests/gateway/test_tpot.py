@@ -7,9 +7,9 @@ import random
 import pytest
 
 from gateway.errors import SloUnreachable
-from gateway.routing import CostModel, MinPredictedTtftPicker, RoutingRequest
-from gateway.routing.cost import Ticket
+from gateway.routing import MinPredictedTtftPicker, RoutingRequest
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
+from predictor import Predictor, Ticket
 from tests.gateway.test_cost_model import BLOCK, MODEL, Clock, pod
 
 PREFILL_S = 0.03
@@ -21,7 +21,7 @@ def true_tpot(decode_speed: float, sequences: float) -> float:
 
 
 def stream(
-    cost: CostModel, clock: Clock, name: str, decode_speed: float, running: int, tokens: int
+    cost: Predictor, clock: Clock, name: str, decode_speed: float, running: int, tokens: int
 ) -> Ticket:
     """One streamed request to `name` while `running` other sequences decode there (the
     engine's count at a scrape just now): answered after `PREFILL_S`, then `tokens` tokens at
@@ -37,8 +37,8 @@ def stream(
     return ticket
 
 
-def trained(clock: Clock, speeds: dict[str, float], answers: int = 200) -> CostModel:
-    cost = CostModel(clock=clock)
+def trained(clock: Clock, speeds: dict[str, float], answers: int = 200) -> Predictor:
+    cost = Predictor(clock=clock)
     rng = random.Random(3)
     for _ in range(answers):
         for name, speed in speeds.items():
@@ -48,7 +48,7 @@ def trained(clock: Clock, speeds: dict[str, float], answers: int = 200) -> CostM
 
 def test_the_tpot_model_learns_each_pods_decode_speed_apart_from_its_prefill() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     rng = random.Random(5)
     errors = []
     for i in range(300):
@@ -73,7 +73,7 @@ def test_the_tpot_model_learns_each_pods_decode_speed_apart_from_its_prefill() -
 
 def test_an_answer_without_a_tpot_teaches_nothing() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     unstreamed = cost.start(cost.predict("p", 100, 0.0), streamed=False)
     assert unstreamed.tpot is None and cost.stream_ended(unstreamed, 50) is None
     one_token = cost.start(cost.predict("p", 100, 0.0), streamed=True)

@@ -3,14 +3,6 @@ the model."""
 
 from __future__ import annotations
 
-import math
-from typing import Any, Protocol, TypeVar
-
-TOKEN_UNIT = 1000.0  # features in thousands of tokens and tens of sequences keep the
-SEQ_UNIT = 10.0  # least-squares state well conditioned at float precision
-
-_E = TypeVar("_E", bound=tuple[Any, ...])
-
 
 def affine_costs(
     bases: list[float],
@@ -111,91 +103,3 @@ def most_cached_first(order: list[int], ties: int, cached: list[float]) -> int:
     while equal < ties and cached[head[equal]] == cached[head[0]]:
         equal += 1
     return equal
-
-
-class PodSpeedView(Protocol):
-    @property
-    def factor(self) -> float: ...
-
-
-class PodWorkView(Protocol):
-    """What `pod_estimate` reads of a pod's work (`cost._PodWork`); it sets `at_scrape` (on
-    a scrape's first sight) and `estimate`."""
-
-    prefilling: int
-    in_step_tokens: float
-    in_step_requests: int
-    prefill_tokens: float
-    decoding: int
-    at_scrape: tuple[float | None, int, int]
-    step_seeded: bool
-    mean_tokens: float
-    step_start: float
-    decode_step_s: float
-    version: int
-    estimate: Any
-
-    @property
-    def speed(self) -> PodSpeedView | None: ...
-
-
-def pod_estimate(
-    work: PodWorkView,
-    theta: tuple[float, ...],
-    typical_speed: float,
-    theta_version: int,
-    scraped_at: float | None,
-    running: float,
-    waiting: float,
-    make: type[_E],
-) -> _E:
-    """What a pod's TTFT is made of, whatever the request's prompt (`cost._Estimate`, made
-    as `make` and kept as `work.estimate`): the work queued and decoding there, ours and,
-    beyond ours at the last scrape (`scraped_at`, `running`, `waiting`), other replicas';
-    its current step's end; at θ and the pod's speed (`typical_speed` until it answered).
-    It runs whenever a pod's work changed (every step boundary of every busy pod)."""
-    t0, t1, t2, t3, t4, _, t6 = theta
-    prefilling = work.prefilling
-    in_step = work.in_step_tokens
-    in_step_requests = work.in_step_requests
-    pending = work.prefill_tokens - in_step
-    pending_requests = float(prefilling - in_step_requests)
-    decoding = float(work.decoding)
-    busy = bool(prefilling or work.decoding)
-    if scraped_at is not None:
-        at_scrape = work.at_scrape
-        if at_scrape[0] != scraped_at:  # not noted by the scraper: first sight
-            at_scrape = work.at_scrape = (scraped_at, prefilling, work.decoding)
-        ours_prefilling = at_scrape[1]
-        # The engine counts every replica's requests; ours in prefill may be running
-        # or waiting there, so only what exceeds all of ours is another replica's.
-        others = running + waiting - ours_prefilling - at_scrape[2]
-        if others > 0.0 and others != math.inf:  # (NaN fails the first test)
-            others_waiting = min(others, max(0.0, waiting - ours_prefilling))
-            pending += others_waiting * work.mean_tokens
-            pending_requests += others_waiting
-            decoding += others - others_waiting
-            busy = True
-            if work.step_seeded:  # not idle after all: ours queued behind theirs
-                pending += in_step
-                pending_requests += in_step_requests
-                in_step, in_step_requests = 0.0, 0
-    speed = typical_speed if work.speed is None else work.speed.factor
-    step_end = -math.inf
-    if busy:
-        in_step_s = speed * (t1 * in_step / TOKEN_UNIT + t0 * in_step_requests)
-        step_end = work.step_start + work.decode_step_s + in_step_s
-    base = (
-        t0
-        + t1 * pending / TOKEN_UNIT
-        + t2 * pending_requests / SEQ_UNIT
-        + t3 * decoding / SEQ_UNIT
-        + (t4 if busy else 0.0)
-        + t6 * in_step / TOKEN_UNIT
-    )
-    values = (
-        work.version, theta_version, scraped_at, speed * base, speed * t1 / TOKEN_UNIT,
-        step_end, pending, pending_requests, decoding, 1.0 if busy else 0.0, in_step, speed,
-    )  # fmt: skip
-    estimate = work.estimate = tuple.__new__(make, values)
-    return estimate
