@@ -31,44 +31,6 @@ def argsort(values: list[float]) -> list[int]:
     return sorted(range(len(values)), key=values.__getitem__)
 
 
-def affine_order(
-    bases: list[float],
-    units: list[float],
-    ends: list[float],
-    cached: list[float],
-    prompt_tokens: float,
-    step_term: float,
-    now: float,
-    tolerance: float,
-    waits: list[float],
-    delay_weight: float,
-    rates: list[float],
-    arrival_weight: float,
-    prefill_weight: float,
-) -> tuple[list[int], int, int]:
-    """`affine_costs`' TTFTs ranked: (order, ties, equal). `order` is their `argsort`, but
-    its first `ties` pods (those within `tolerance` of the best, at least one) in descending
-    order of `cached` tokens (equal ones as they were); `equal`: how many of those hold as
-    much as the first. Each TTFT is first charged `prefill_weight` times the request's own
-    prefill there, then `delay_weight` times its `delays` on the pod (`waits`: read only
-    when the weight is not 0), then `arrival_weight` times its `arrivals` there (`rates`:
-    likewise). What the cost-model picker ranks by when nothing else counts."""
-    ttfts, prefills = affine_costs(bases, units, ends, cached, prompt_tokens, step_term, now)
-    if prefill_weight:
-        ttfts = [ttft + prefill_weight * own for ttft, own in zip(ttfts, prefills, strict=True)]
-    if delay_weight:
-        charged = delays(prefills, waits)
-        ttfts = [ttft + delay_weight * delay for ttft, delay in zip(ttfts, charged, strict=True)]
-    if arrival_weight:
-        charged = arrivals(prefills, rates)
-        ttfts = [ttft + arrival_weight * cost for ttft, cost in zip(ttfts, charged, strict=True)]
-    order = argsort(ttfts)
-    if not order:
-        return order, 0, 0
-    ties = near_ties(order, ttfts, tolerance)
-    return order, ties, most_cached_first(order, ties, cached)
-
-
 def delays(prefills: list[float], waits: list[float]) -> list[float]:
     """Per pod, what a request whose own prefill there is `prefills[i]` adds to the TTFTs
     of the `waits[i]` requests waiting there for the next step: it is admitted with them,

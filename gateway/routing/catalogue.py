@@ -8,21 +8,24 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.routing.config import BUILTIN, normalise, read_config
 from gateway.routing.load import LoadEstimator
 from gateway.routing.plugins import (
+    COSTS,
     FILTERS,
     MAX_WEIGHT,
     PICKERS,
+    PLACEMENTS,
     PREFERENCES,
     SCORERS,
     WEIGHT_MEANING,
     Parameter,
     Params,
     PluginContext,
+    default_costs,
 )
 from gateway.settings import AIBRIX_STRATEGIES, Settings
 from predictor import Predictor
@@ -30,6 +33,8 @@ from predictor import Predictor
 KINDS: tuple[tuple[str, Mapping[str, Callable[[Params, PluginContext], object]]], ...] = (
     ("filter", FILTERS),
     ("scorer", SCORERS),
+    ("cost", COSTS),
+    ("placement", PLACEMENTS),
     ("picker", PICKERS),
     ("preference", PREFERENCES),
 )
@@ -57,6 +62,7 @@ def plugins() -> list[PluginDoc]:
         tier_weights=settings.tier_weights,
         slo_shed=settings.slo_shed,
     )
+    ctx = replace(ctx, costs=default_costs(ctx))  # what the `min-cost` picker sums
     weight = Params("weight", {})
     weight.number("weight", 1.0, high=MAX_WEIGHT, meaning=WEIGHT_MEANING)
     docs = []
@@ -105,8 +111,8 @@ def policies_markdown() -> str:
         if strategy != policy:
             aibrix.setdefault(policy, []).append(f"`{strategy}`")
     rows = [
-        "| policy | filters | scorers | picker | preferences |",
-        "|---|---|---|---|---|",
+        "| policy | filters | scorers | costs | placement | picker | preferences |",
+        "|---|---|---|---|---|---|---|",
     ]
     seen: dict[str, str] = {}
     for name, spec in specs.items():
@@ -121,6 +127,8 @@ def policies_markdown() -> str:
         cells = [
             _plugins(spec["filters"]),
             _plugins(spec["scorers"]),
+            _plugins(spec["costs"]),
+            _plugins(spec["placement"]),
             _plugins([spec["picker"]]),
             _plugins(spec["prefer"]),
         ]
