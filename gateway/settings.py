@@ -689,6 +689,10 @@ class Settings:
         """Whether prompts are tokenized and matched against the index at all."""
         return self.use_remote_tokenizer
 
+    DECISION_SETTINGS = ("KVGATE_COST_PRIOR_SCALE", "KVGATE_COST_CONTEXT_SHARE")
+    """The settings `cost_params` reads: they feed every cost-ranked decision (`kvgate
+    routing plugins` counts them among the default policy's parameters)."""
+
     def cost_params(self) -> CostParams:
         """The cost model's parameters as these settings ask (the gateway's, and any
         benchmark that measures what the gateway runs)."""

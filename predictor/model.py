@@ -61,8 +61,9 @@ from predictor.work import PodWork, decayed
 STALE_S = 10.0
 """An idle pod with no answer for this long is `stale`: the picker probes it now and then."""
 
-Candidate = tuple[str, float, float | None, float, float]
-"""(pod, cached tokens, scraped at, running, waiting)"""
+Candidate = tuple[
+    str, float, float | None, float, float
+]  # pod, cached, scraped at, running, waiting
 
 
 class Predictor:
@@ -152,15 +153,11 @@ class Predictor:
         return self._estimates.step_term
 
     def rank_costs(
-        self,
-        pods: Sequence[ScrapedPod],
-        cached: Sequence[float],
-        prompt_tokens: int,
-        names: Sequence[str] | None = None,
+        self, pods: Sequence[ScrapedPod], cached: Sequence[float], prompt_tokens: int
     ) -> tuple[list[float], list[float]]:
         """Each pod's predicted TTFT and, within it, this request's own prefill (s), in the
         order of `pods` (`cached`: the tokens each holds)."""
-        ranking, now = self.candidates(pods, names)
+        ranking, now = self.candidates(pods)
         held, prompt = self.work_of(cached, prompt_tokens)
         return affine_costs(ranking.bases, ranking.units, ranking.ends, held, prompt,
                             self.step_term, now)  # fmt: skip

@@ -244,3 +244,24 @@ def test_the_cycle_check_finds_a_cycle_and_only_at_module_level(tmp_path: Path) 
         },
     )
     assert cycles(import_graph(root, "pkg")) == [["pkg.d", "pkg.e"]]
+
+
+def oversized(root: Path, folders: tuple[str, ...]) -> list[str]:
+    """Modules of `folders` over 400 lines and functions there over 60 (their whole
+    definition, docstring included)."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).glob("*.py")):
+            text = path.read_text()
+            if text.count("\n") > 400:
+                found.append(f"{path.name}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text, str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > 60:
+                        found.append(f"{path.name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_the_routing_core_reads_in_small_pieces() -> None:
+    assert oversized(ROOT, ("predictor", "gateway/routing")) == []

@@ -76,6 +76,8 @@ class Parameter:
     default: str
     allowed: str
     meaning: str
+    setting: str = ""
+    """The KVGATE_* setting its default comes from, if any."""
 
 
 class Params:
@@ -101,7 +103,7 @@ class Params:
         """A finite number in [low, high] (nan, inf and 1e308 beyond `high` refused)."""
         shown = f"{default:g}" + (f" ({default_from})" if default_from else "")
         allowed = f"[{low:g}, {high:g}]"
-        self.declared.append(Parameter(name, "number", shown, allowed, meaning))
+        self.declared.append(Parameter(name, "number", shown, allowed, meaning, default_from))
         value = self._given.pop(name, default)
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
         if not numeric or not low <= value <= high:  # nan too; exact for ints of any size
@@ -120,7 +122,7 @@ class Params:
     ) -> int:
         shown = f"{default} ({default_from})" if default_from else str(default)
         allowed = f"{low}..{high}"
-        self.declared.append(Parameter(name, "integer", shown, allowed, meaning))
+        self.declared.append(Parameter(name, "integer", shown, allowed, meaning, default_from))
         value = self._given.pop(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ConfigError(f"{self.where}.{name}", value, f"an integer in {allowed}")
@@ -128,7 +130,7 @@ class Params:
 
     def flag(self, name: str, default: bool, *, meaning: str, default_from: str = "") -> bool:
         shown = str(default).lower() + (f" ({default_from})" if default_from else "")
-        self.declared.append(Parameter(name, "flag", shown, "true, false", meaning))
+        self.declared.append(Parameter(name, "flag", shown, "true, false", meaning, default_from))
         value = self._given.pop(name, default)
         if not isinstance(value, bool):
             raise ConfigError(f"{self.where}.{name}", value, "true or false")

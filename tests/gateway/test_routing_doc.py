@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from gateway.commands.routing import GENERATED
-from gateway.routing.catalogue import TABLES, plugins
+from gateway.routing.catalogue import TABLES, default_parameters, plugins
 from gateway.routing.config import BUILTIN, normalise, read_config
 from gateway.routing.plugins import COSTS, FILTERS, PICKERS, PLACEMENTS, PREFERENCES, SCORERS
 from gateway.settings import AIBRIX_STRATEGIES
@@ -57,6 +57,7 @@ def test_kvgate_routing_plugins_lists_them(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     heads = [line.split(":")[0] for line in shown.stdout.splitlines() if line[:1] != " "]
+    assert heads.pop() == "default policy"
     assert sorted(heads) == sorted(f"{doc.kind} {doc.name}" for doc in plugins())
     current = PAGE.read_text(encoding="utf-8")
     stale = tmp_path / "routing.md"
@@ -67,3 +68,11 @@ def test_kvgate_routing_plugins_lists_them(tmp_path: Path) -> None:
         capture_output=True, timeout=60, check=True,
     )  # fmt: skip
     assert stale.read_text(encoding="utf-8") == current
+
+
+def test_the_default_policy_has_six_parameters_or_fewer() -> None:
+    """Every parameter the default profile sets or inherits that can change its pick."""
+    names = default_parameters()
+    assert len(names) <= 6, names
+    assert "KVGATE_SLO_SHED" in names and "KVGATE_COST_CONTEXT_SHARE" in names
+    assert f"default policy: {len(names)} parameters" in TABLES["default"]()
