@@ -3,6 +3,8 @@ the model."""
 
 from __future__ import annotations
 
+from operator import mul
+
 
 def affine_costs(
     bases: list[float],
@@ -15,14 +17,14 @@ def affine_costs(
 ) -> tuple[list[float], list[float]]:
     """Per pod: (TTFT, own prefill) = (base + prefill + θ5 · max(0, end − now), unit · own
     uncached tokens)."""
-    ttfts: list[float] = []
-    prefills: list[float] = []
-    for base, unit, end, held in zip(bases, units, ends, cached, strict=True):
-        own = prompt_tokens - held
-        prefill = unit * own if own > 0.0 else 0.0
-        remaining = end - now
-        ttfts.append(base + prefill + step_term * remaining if remaining > 0.0 else base + prefill)
-        prefills.append(prefill)
+    prefills = [
+        unit * own if (own := prompt_tokens - held) > 0.0 else 0.0
+        for unit, held in zip(units, cached, strict=True)
+    ]
+    ttfts = [
+        base + prefill + step_term * remaining if (remaining := end - now) > 0.0 else base + prefill
+        for base, prefill, end in zip(bases, prefills, ends, strict=True)
+    ]
     return ttfts, prefills
 
 
@@ -35,7 +37,7 @@ def delays(prefills: list[float], waits: list[float]) -> list[float]:
     """Per pod, what a request whose own prefill there is `prefills[i]` adds to the TTFTs
     of the `waits[i]` requests waiting there for the next step: it is admitted with them,
     and each waits out its prefill."""
-    return [waiting * prefill for prefill, waiting in zip(prefills, waits, strict=True)]
+    return list(map(mul, waits, prefills))
 
 
 def arrivals(prefills: list[float], rates: list[float]) -> list[float]:

@@ -63,6 +63,14 @@ class Ranking:
             for bound, at in zip(self.bounds, self.active_at, strict=True)
         ]
 
+    def arrivals(self, prefills: list[float], now: float, window_s: float) -> list[float]:
+        """`costs.arrivals(prefills, self.rates(now, window_s))`, in one pass."""
+        exp = math.exp
+        return [
+            (bound * exp(-(now - at) / window_s) / window_s if bound else 0.0) * (p * p)
+            for bound, at, p in zip(self.bounds, self.active_at, prefills, strict=True)
+        ]
+
 
 class Estimates:
     """Each pod's estimate at the θ decisions use, and the candidate lists' rankings."""

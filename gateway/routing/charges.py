@@ -8,7 +8,7 @@ from typing import Protocol
 
 from gateway.routing.request import RoutingRequest
 from gateway.routing.terms import DecisionTerms
-from predictor import arrivals, delays
+from predictor import delays
 
 CHUNK_TOKENS = 8192
 """The engines' prefill chunk (vLLM's `max_num_batched_tokens` for an OpenAI server on a
@@ -49,10 +49,12 @@ class DelayCost:
 
     def costs(self, request: RoutingRequest, terms: DecisionTerms) -> list[float]:
         chunk, tokens = float(CHUNK_TOKENS), float(request.prompt_tokens)
-        delaying = [
-            prefill * min(1.0, chunk / own) if (own := tokens - held) > 0 else prefill
-            for prefill, held in zip(terms.prefills, terms.cached, strict=True)
-        ]
+        delaying = terms.prefills
+        if tokens > chunk:  # (a pod's own uncached tokens are at most the prompt's)
+            delaying = [
+                prefill * min(1.0, chunk / own) if (own := tokens - held) > 0 else prefill
+                for prefill, held in zip(delaying, terms.cached, strict=True)
+            ]
         return delays(delaying, terms.ranking.waits)
 
 
@@ -68,5 +70,4 @@ class ArrivalCost:
         self._window_s = window_s
 
     def costs(self, request: RoutingRequest, terms: DecisionTerms) -> list[float]:
-        rates = terms.ranking.rates(terms.now, self._window_s)
-        return arrivals(terms.prefills, rates)
+        return terms.ranking.arrivals(terms.prefills, terms.now, self._window_s)

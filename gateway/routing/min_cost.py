@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import add, mul
 
 from gateway.control.registry import PodState
 from gateway.routing.charges import CostScorer
@@ -80,9 +82,9 @@ class MinCostPicker:
                 continue
             costs = scorer.costs(request, terms)
             if total is None:
-                total = [weight * cost for cost in costs]
+                total = list(costs) if weight == 1.0 else [weight * cost for cost in costs]
             else:
-                total = [sum_ + weight * cost for sum_, cost in zip(total, costs, strict=True)]
+                total = list(map(add, total, map(mul, repeat(weight), costs)))
         return [0.0] * len(terms.names) if total is None else total
 
     def _probed(self, order: list[int], names: Sequence[str]) -> int | None:
