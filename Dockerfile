@@ -20,6 +20,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY gateway ./gateway
 COPY indexer ./indexer
+COPY predictor ./predictor
 COPY subscriber ./subscriber
 COPY simulator ./simulator
 COPY tokenization ./tokenization

@@ -42,12 +42,12 @@ from bench.results_io import (
 )
 from gateway.control.discovery import Pod
 from gateway.control.registry import PodRegistry, PodState
-from gateway.routing import CostModel
 from gateway.routing.metrics import RouterMetrics
 from gateway.routing.router import Kind, Routed, Router, build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable
+from predictor import Predictor
 
 MODEL = "bench-model"
 BLOCK = 16
@@ -138,7 +138,7 @@ async def _measure(
     # step end is then a new step (two chunks closer than 2 ms are one step's), and the
     # run stays under the 10 s after which an unanswered pod would be probed.
     model_time = [0.0]
-    cost = CostModel(settings.cost_params(), clock=(lambda: model_time[0]) if step_ends else None)
+    cost = Predictor(settings.cost_params(), clock=(lambda: model_time[0]) if step_ends else None)
     router = _TimedRouter(
         registry=registry,
         table=table,

@@ -47,7 +47,6 @@ from gateway.control.replication import (
 )
 from gateway.control.supervisor import Supervisor
 from gateway.observability.metrics import GatewayMetrics
-from gateway.routing import CostModel
 from gateway.routing.router import Router, build_policies
 from gateway.settings import Settings
 from gateway.state import GatewayState
@@ -59,6 +58,7 @@ from gateway.upstream.proxy import Upstream
 from gateway.upstream.scraper import MetricsScraper
 from gateway.upstream.tokenizer import RemoteTokenizer
 from indexer import SyncPrefixHashTable
+from predictor import Predictor
 from subscriber import IndexSink, SubscriberManager
 
 logger = logging.getLogger(__name__)
@@ -170,11 +170,11 @@ async def _clients(base: Foundation, stack: contextlib.AsyncExitStack) -> _Clien
     return _Clients(pool, tokenizer_pool, control)
 
 
-async def _cost_model(base: Foundation, client: httpx.AsyncClient) -> CostModel:
+async def _cost_model(base: Foundation, client: httpx.AsyncClient) -> Predictor:
     """The cost model; with `KVGATE_BOOTSTRAP_PEER`, its state from a running peer (the
     fresher view: before any file's)."""
     settings = base.settings
-    cost = CostModel(settings.cost_params(), pure_python=settings.index.pure_python)
+    cost = Predictor(settings.cost_params())
     bootstrap_metrics = BootstrapMetrics(base.metrics.prometheus)
     if settings.bootstrap_peer is not None:
         await cost_model_from_peer(
@@ -184,7 +184,7 @@ async def _cost_model(base: Foundation, client: httpx.AsyncClient) -> CostModel:
 
 
 async def _subscribers(
-    base: Foundation, stack: contextlib.AsyncExitStack, client: httpx.AsyncClient, cost: CostModel
+    base: Foundation, stack: contextlib.AsyncExitStack, client: httpx.AsyncClient, cost: Predictor
 ) -> tuple[SubscriberManager | None, SnapshotRestorer | None]:
     """With KV event sync: the index restored from snapshots, then the subscriber manager
     (before discovery starts any subscriber: each starts from its pod's snapshot)."""
@@ -214,7 +214,7 @@ def _writer(
     subscribers: SubscriberManager | None,
     registry: PodRegistry,
     restorer: SnapshotRestorer | None,
-    cost: CostModel,
+    cost: Predictor,
 ) -> SnapshotWriter | None:
     writer = snapshot_writer(base.settings, base.table, subscribers, registry, restorer, cost)
     if writer is not None:
@@ -257,7 +257,7 @@ def _prompt_tokenizer(
 def _replica_sync(
     base: Foundation,
     stack: contextlib.AsyncExitStack,
-    cost: CostModel,
+    cost: Predictor,
     registry: PodRegistry,
     models: ModelCatalog,
 ) -> ReplicaSync | None:
@@ -304,7 +304,7 @@ def _pin_manager(
 
 async def _start_background(
     gateway: GatewayState,
-    cost: CostModel,
+    cost: Predictor,
     tokenizer: PromptTokenizer | None,
     writer: SnapshotWriter | None,
     client: httpx.AsyncClient,

@@ -23,9 +23,9 @@ from gateway.control.replication.keys import (
 )
 from gateway.errors import ConfigError
 from gateway.routing.config import builtin_names
-from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE, CostParams
 from gateway.runtime import DEFAULT_GC_GEN0_THRESHOLD
 from indexer import IndexConfig, IndexLimits, Tier
+from predictor import CALIBRATED_CONTEXT_SHARE, CostParams
 
 logger = logging.getLogger(__name__)
 
@@ -700,6 +700,10 @@ class Settings:
     def prefix_routing(self) -> bool:
         """Whether prompts are tokenized and matched against the index at all."""
         return self.use_remote_tokenizer
+
+    DECISION_SETTINGS = ("KVGATE_COST_PRIOR_SCALE", "KVGATE_COST_CONTEXT_SHARE")
+    """The settings `cost_params` reads: they feed every cost-ranked decision (`kvgate
+    routing plugins` counts them among the default policy's parameters)."""
 
     def cost_params(self) -> CostParams:
         """The cost model's parameters as these settings ask (the gateway's, and any

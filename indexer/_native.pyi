@@ -6,7 +6,6 @@ from typing import Any, Generic, TypeVar, overload
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 _T = TypeVar("_T")
-_E = TypeVar("_E", bound=tuple[Any, ...])
 
 INTERFACE: int
 
@@ -18,16 +17,6 @@ def match_walk(
 def spread_ends(
     table: dict[str, int], names: list[str | None], ends: list[tuple[int, int]], /
 ) -> bool: ...
-def affine_costs(
-    bases: list[float],
-    units: list[float],
-    ends: list[float],
-    cached: list[float],
-    prompt_tokens: float,
-    step_term: float,
-    now: float,
-    /,
-) -> tuple[list[float], list[float]]: ...
 def held_from_ends(
     bits: dict[str, int],
     ends: list[tuple[int, int]],
@@ -55,34 +44,6 @@ def release_run(
     tiers: dict[int, list[int]],
     /,
 ) -> tuple[int, int, int]: ...
-def argsort(values: list[float], /) -> list[int]: ...
-def affine_order(
-    bases: list[float],
-    units: list[float],
-    ends: list[float],
-    cached: list[float],
-    prompt_tokens: float,
-    step_term: float,
-    now: float,
-    tolerance: float,
-    waits: list[float],
-    delay_weight: float,
-    rates: list[float],
-    arrival_weight: float,
-    prefill_weight: float,
-    /,
-) -> tuple[list[int], int, int]: ...
-def pod_estimate(
-    work: Any,
-    theta: tuple[float, ...],
-    typical_speed: float,
-    theta_version: int,
-    scraped_at: float | None,
-    running: float,
-    waiting: float,
-    make: type[_E],
-    /,
-) -> _E: ...
 
 class U64Map(Generic[_K, _V]):
     """An insertion-ordered mapping storing unsigned 64-bit int keys and values unboxed."""

@@ -7,8 +7,8 @@ match walk, and the routing decision's passes over its candidates (the tokens ea
 the cost model's multiply-add, the argsort). The pure-Python path keeps plain dicts and
 the `xxhash` package; both give identical hashes and answers. `KVGATE_PURE_PYTHON=1`
 forces the pure path: the gateway reads it with its settings (`IndexConfig.pure_python`);
-a table, hasher or cost model built without that choice reads the variable when it is
-built (tests, benchmarks).
+a table or hasher built without that choice reads the variable when it is built (tests,
+benchmarks).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from indexer._native import U64Map
 
 PURE_PYTHON_ENV = "KVGATE_PURE_PYTHON"
-NATIVE_INTERFACE = 3
+NATIVE_INTERFACE = 4
 """The compiled module's interface this source calls (`_native.INTERFACE`). A build from
 an older source (an editable install not rebuilt after a pull) is not used: the pure-Python
 path runs instead of a kernel called with arguments it does not take."""
@@ -69,32 +69,12 @@ class Stamps(Protocol):
     def __setitem__(self, key: int, value: float, /) -> None: ...
 
 
-AffineCosts = Callable[
-    [list[float], list[float], list[float], list[float], float, float, float],
-    tuple[list[float], list[float]],
-]
-"""(bases, units, step ends, cached tokens, prompt tokens, step term, now) -> per pod
-(TTFT, own prefill): `gateway.routing.kernels.affine_costs`."""
 HeldFromEnds = Callable[
     [dict[str, int], list[tuple[int, int]], list[str] | tuple[str, ...], float],
     list[float] | None,
 ]
 """`MatchedBlocks.held` in C: (candidate bits, the walk's ends, names, tokens per block) ->
 per name its matched tokens (None: masks wider than 64 bits)."""
-Argsort = Callable[[list[float]], list[int]]
-"""`gateway.routing.kernels.argsort`."""
-AffineOrder = Callable[
-    [list[float], list[float], list[float], list[float], float, float, float, float,
-     list[float], float, list[float], float, float],
-    tuple[list[int], int, int],
-]  # fmt: skip
-"""(bases, units, step ends, cached tokens, prompt tokens, step term, now, tolerance,
-waits, delay weight, arrival rates, arrival weight, prefill weight) -> (order, ties, equal):
-`gateway.routing.kernels.affine_order`."""
-
-_E = TypeVar("_E", bound=tuple[Any, ...])
-
-
 ReleaseRun = Callable[
     [Any, Any, Sequence[Any], int, int, dict[int, list[int]]],
     tuple[int, int, int],
@@ -110,24 +90,6 @@ StoreRun = Callable[
 """`Ingest.stored`'s common case in C: (the pod's entries, its base store's masks, the
 event's engine hashes, their gateway hashes, where to start, the pod's bit, the store's
 tier masks, now) -> (where it stopped, entries added)."""
-
-
-class PodEstimate(Protocol):
-    """`gateway.routing.kernels.pod_estimate`: (a pod's work, θ, typical speed, θ's version,
-    scraped at, running, waiting, the estimate's tuple type) -> its estimate."""
-
-    def __call__(
-        self,
-        work: Any,
-        theta: tuple[float, ...],
-        typical_speed: float,
-        theta_version: int,
-        scraped_at: float | None,
-        running: float,
-        waiting: float,
-        make: type[_E],
-        /,
-    ) -> _E: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,12 +112,6 @@ class Native:
     wider than 64 bits)."""
     held_from_ends: HeldFromEnds
     """`MatchedBlocks.held`'s loop: the tokens each candidate holds, from the walk's ends."""
-    affine_costs: AffineCosts
-    argsort: Argsort
-    affine_order: AffineOrder
-    pod_estimate: PodEstimate
-    """The routing decision's kernels (`gateway/routing/kernels.py`): not the index's, but
-    as hot."""
 
 
 def pure_python_forced(environ: Mapping[str, str] | None = None) -> bool:
@@ -192,8 +148,4 @@ def load_native(pure: bool | None = None) -> Native | None:
         map_type=_native.U64Map,
         spread_ends=_native.spread_ends,
         held_from_ends=_native.held_from_ends,
-        affine_costs=_native.affine_costs,
-        argsort=_native.argsort,
-        affine_order=_native.affine_order,
-        pod_estimate=_native.pod_estimate,
     )

@@ -2,8 +2,6 @@
 # tests/indexer against indexer/_native.c built with AddressSanitizer and
 # UndefinedBehaviorSanitizer: any out-of-bounds access, use after free, misaligned read,
 # overflowing shift or signed overflow in the C index stops the run with a report.
-# tests/gateway/test_routing_kernels.py runs too: the routing kernels compiled in the same
-# file (affine_costs, argsort, affine_order, pod_estimate) are tested there.
 #
 # The sanitized build goes to build/sanitize/ (never over the installed extension);
 # tests/indexer/conftest.py imports it as indexer._native when KVGATE_TEST_NATIVE_BUILD
@@ -53,4 +51,4 @@ env -u KVGATE_PURE_PYTHON \
     ASAN_OPTIONS=detect_leaks=0:strict_string_checks=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$PYTHON" -m pytest -q -p no:cacheprovider --capture=sys \
-    tests/indexer tests/gateway/test_routing_kernels.py "$@"
+    tests/indexer "$@"

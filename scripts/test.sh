@@ -16,7 +16,7 @@ fi
 
 echo "== ruff check" && ruff check .
 echo "== ruff format --check" && ruff format --check .
-echo "== mypy --strict" && mypy --strict indexer/ subscriber/ simulator/ gateway/ bench/ tokenization/
+echo "== mypy --strict" && mypy --strict indexer/ predictor/ subscriber/ simulator/ gateway/ bench/ tokenization/
 # Fails only on a known vulnerability; says "skipped" when no vulnerability database answers.
 echo "== dependency audit" && python scripts/audit_deps.py
 echo "== pytest"

@@ -6,6 +6,9 @@
   compiled extension its `native.py` wraps).
 - No import cycle among gateway/'s modules (module-level imports; those under
   `if TYPE_CHECKING:` and inside functions excluded): the layers import downwards.
+- predictor/ imports neither gateway nor bench (it is pure: the gateway uses it, never the
+  reverse), and of gateway/ only routing, replica sync, snapshots and metrics use it (with
+  the lifespan that builds it and the settings that give its parameters).
 """
 
 from __future__ import annotations
@@ -17,7 +20,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gateway", "indexer", "subscriber", "simulator", "bench", "tokenization")
+PACKAGES = ("gateway", "indexer", "predictor", "subscriber", "simulator", "bench", "tokenization")
+PREDICTOR_USERS = (
+    "gateway.routing",
+    "gateway.control.replication",
+    "gateway.control.persistence",
+    "gateway.observability",
+    "gateway.lifespan",
+    "gateway.settings",
+)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -161,6 +172,30 @@ def test_gateway_has_no_import_cycle() -> None:
     assert cycles(graph) == []
 
 
+def imported_packages(path: Path) -> set[str]:
+    """The top-level packages a module imports (anywhere in it)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+    return found
+
+
+def test_the_predictor_imports_no_gateway_and_only_its_users_import_it() -> None:
+    for name, path in modules(ROOT, ("predictor",)).items():
+        assert not imported_packages(path) & {"gateway", "bench"}, name
+    graph = import_graph(ROOT, "predictor")
+    assert len(graph) > 8 and cycles(graph) == []
+    users = {
+        name
+        for name, path in modules(ROOT, ("gateway",)).items()
+        if "predictor" in imported_packages(path)
+    }
+    assert users and all(name.startswith(PREDICTOR_USERS) for name in users), sorted(users)
+
+
 def test_gateway_top_level_holds_at_most_ten_modules() -> None:
     assert len(list((ROOT / "gateway").glob("*.py"))) <= 10
 
@@ -209,3 +244,24 @@ def test_the_cycle_check_finds_a_cycle_and_only_at_module_level(tmp_path: Path) 
         },
     )
     assert cycles(import_graph(root, "pkg")) == [["pkg.d", "pkg.e"]]
+
+
+def oversized(root: Path, folders: tuple[str, ...]) -> list[str]:
+    """Modules of `folders` over 400 lines and functions there over 60 (their whole
+    definition, docstring included)."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).glob("*.py")):
+            text = path.read_text()
+            if text.count("\n") > 400:
+                found.append(f"{path.name}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text, str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > 60:
+                        found.append(f"{path.name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_the_routing_core_reads_in_small_pieces() -> None:
+    assert oversized(ROOT, ("predictor", "gateway/routing")) == []

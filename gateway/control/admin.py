@@ -20,11 +20,9 @@ from gateway.errors import BadRequest, NotFound, Unauthorized, clip
 from gateway.http.api import read_json, requested_policy
 from gateway.http.turn import validate
 from gateway.observability.logs import REQUEST_ID
-from gateway.routing import Prediction
-from gateway.routing.cost import FEATURES
-from gateway.routing.predicted import cached_tokens
+from gateway.routing import FEATURES, Prediction, TpotPrediction
 from gateway.routing.router import Kind
-from gateway.routing.tpot import TpotPrediction
+from gateway.routing.terms import cached_tokens
 from gateway.state import GatewayState, state_of
 from indexer import EngineHash, Tier, encode_snapshot
 

@@ -11,8 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.control.registry import PodRegistry
-from gateway.routing.cost import FEATURES, CostModel
 from indexer import SyncPrefixHashTable
+from predictor import FEATURES, Predictor
 from subscriber import DECODE_REASONS, RESET_CAUSES, RejectCounter
 
 
@@ -21,7 +21,7 @@ class FleetCollector(Collector):
     pods: PodRegistry
     table: SyncPrefixHashTable
     rejects: Callable[[], RejectCounter | None]
-    cost: CostModel
+    cost: Predictor
 
     def collect(self) -> Iterator[Metric]:
         yield from self._pods()

@@ -32,11 +32,11 @@ from gateway.control.registry import PodRegistry
 from gateway.epp.metrics import EppMetrics
 from gateway.http.metrics import HttpMetrics
 from gateway.observability.fleet import FleetCollector
-from gateway.routing.cost import CostModel
 from gateway.routing.metrics import RouterMetrics
 from gateway.upstream.metrics import UpstreamMetrics
 from gateway.version import version
 from indexer import SyncPrefixHashTable
+from predictor import Predictor
 from subscriber import RejectCounter
 
 
@@ -77,6 +77,6 @@ class GatewayMetrics:
         pods: PodRegistry,
         table: SyncPrefixHashTable,
         rejects: Callable[[], RejectCounter | None],
-        cost: CostModel,
+        cost: Predictor,
     ) -> None:
         self.prometheus.register(FleetCollector(pods, table, rejects, cost))

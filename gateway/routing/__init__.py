@@ -2,10 +2,12 @@
 from a routing config (the built-in policies are one: policies.toml)."""
 
 from gateway.routing.affinity import Affinity, PinAffinityPreference
+from gateway.routing.charges import ArrivalCost, CostScorer, DelayCost, TtftCost
 from gateway.routing.config import build_profiles, configured_profiles, load_specs
-from gateway.routing.cost import FEATURES, CostModel, Prediction, Ticket
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
 from gateway.routing.load import LoadEstimator
+from gateway.routing.min_cost import MinCostPicker
+from gateway.routing.objectives import SloFeasibleFilter
 from gateway.routing.pickers import (
     MaxScorePicker,
     Picker,
@@ -13,32 +15,37 @@ from gateway.routing.pickers import (
     RoundRobinPicker,
     SessionPicker,
 )
+from gateway.routing.placement import FirstTurnPlacement
 from gateway.routing.plugins import PluginContext
-from gateway.routing.predicted import MinPredictedTtftPicker, PredictedTtftScorer, predict_all
+from gateway.routing.predicted import PredictedTtftScorer, predict_all
 from gateway.routing.profile import Decision, Preference, RoutingProfile, Weighted
 from gateway.routing.request import CycleState, RoutingRequest
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
-from gateway.routing.ttft_model import CostParams
+from predictor import FEATURES, CostParams, Prediction, Predictor, Ticket, TpotPrediction
 
 __all__ = [
     "FEATURES",
     "Affinity",
-    "CostModel",
+    "ArrivalCost",
     "CostParams",
+    "CostScorer",
     "CycleState",
     "Decision",
+    "DelayCost",
     "Filter",
+    "FirstTurnPlacement",
     "HotSpotFilter",
     "KVUsageScorer",
     "LoadEstimator",
     "LoadScorer",
     "MaxScorePicker",
-    "MinPredictedTtftPicker",
+    "MinCostPicker",
     "Picker",
     "PinAffinityPreference",
     "PluginContext",
     "PredictedTtftScorer",
     "Prediction",
+    "Predictor",
     "Preference",
     "PrefixScorer",
     "RandomPicker",
@@ -48,7 +55,10 @@ __all__ = [
     "RoutingRequest",
     "Scorer",
     "SessionPicker",
+    "SloFeasibleFilter",
     "Ticket",
+    "TpotPrediction",
+    "TtftCost",
     "Weighted",
     "build_profiles",
     "configured_profiles",

@@ -8,28 +8,33 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.routing.config import BUILTIN, normalise, read_config
-from gateway.routing.cost import CostModel
 from gateway.routing.load import LoadEstimator
 from gateway.routing.plugins import (
+    COSTS,
     FILTERS,
     MAX_WEIGHT,
     PICKERS,
+    PLACEMENTS,
     PREFERENCES,
     SCORERS,
     WEIGHT_MEANING,
     Parameter,
     Params,
     PluginContext,
+    default_costs,
 )
 from gateway.settings import AIBRIX_STRATEGIES, Settings
+from predictor import Predictor
 
 KINDS: tuple[tuple[str, Mapping[str, Callable[[Params, PluginContext], object]]], ...] = (
     ("filter", FILTERS),
     ("scorer", SCORERS),
+    ("cost", COSTS),
+    ("placement", PLACEMENTS),
     ("picker", PICKERS),
     ("preference", PREFERENCES),
 )
@@ -43,20 +48,24 @@ class PluginDoc:
     parameters: tuple[Parameter, ...]
 
 
-def plugins() -> list[PluginDoc]:
-    """Every registered plugin, built once with no parameters given, with what it read
-    (its defaults as `kvgate serve` gives them without settings)."""
-    settings = Settings()
+def _context(settings: Settings) -> PluginContext:
     ctx = PluginContext(
         rng=random.Random(0),
         load=LoadEstimator(),
-        cost=CostModel(),
+        cost=Predictor(),
         affinity=None,
         block_size=settings.index.block_size,
         hot_spot_margin=settings.hot_spot_margin,
         tier_weights=settings.tier_weights,
         slo_shed=settings.slo_shed,
     )
+    return replace(ctx, costs=default_costs(ctx))  # what the `min-cost` picker sums
+
+
+def plugins() -> list[PluginDoc]:
+    """Every registered plugin, built once with no parameters given, with what it read
+    (its defaults as `kvgate serve` gives them without settings)."""
+    ctx = _context(Settings())
     weight = Params("weight", {})
     weight.number("weight", 1.0, high=MAX_WEIGHT, meaning=WEIGHT_MEANING)
     docs = []
@@ -68,6 +77,39 @@ def plugins() -> list[PluginDoc]:
             meaning = " ".join((factory.__doc__ or "").split())
             docs.append(PluginDoc(kind, name, meaning, tuple(declared)))
     return docs
+
+
+def default_parameters() -> list[str]:
+    """Every parameter the default policy sets or inherits that can change its pick: its
+    plugins' parameters (`plugin.parameter`, or the KVGATE_* setting a default comes
+    from) and the settings of the predictor's parameters."""
+    settings = Settings()
+    spec = normalise(read_config(BUILTIN), BUILTIN.name)[settings.default_policy]
+    ctx = _context(settings)
+    registries = dict(KINDS)
+    found: list[str] = []
+    for kind, key in (
+        ("filter", "filters"),
+        ("scorer", "scorers"),
+        ("cost", "costs"),
+        ("placement", "placement"),
+        ("picker", "picker"),
+        ("preference", "prefer"),
+    ):
+        for plugin in [spec[key]] if key == "picker" else spec[key]:
+            given = {k: v for k, v in plugin.items() if k not in ("type", "weight")}
+            params = Params(plugin["type"], given)
+            registries[kind][plugin["type"]](params, ctx)
+            named = [p.setting or f"{plugin['type']}.{p.name}" for p in params.declared]
+            found += [f"{plugin['type']}.weight"] * (kind == "scorer") + named
+    found += settings.DECISION_SETTINGS
+    return list(dict.fromkeys(found))  # a setting read by two plugins is one parameter
+
+
+def default_markdown() -> str:
+    names = default_parameters()
+    shown = ", ".join(f"`{name}`" for name in names)
+    return f"default policy: {len(names)} parameters ({shown})\n"
 
 
 def plugins_markdown() -> str:
@@ -92,6 +134,9 @@ def plugins_listing() -> str:
         for p in doc.parameters:
             lines.append(f"  {p.name:<26} {p.kind:<8} {p.default:<30} {p.allowed}")
             lines.append(f"  {'':<26} {p.meaning}")
+    names = default_parameters()
+    lines.append(f"default policy: {len(names)} parameters")
+    lines.append("  " + ", ".join(names))
     return "\n".join(lines)
 
 
@@ -105,8 +150,8 @@ def policies_markdown() -> str:
         if strategy != policy:
             aibrix.setdefault(policy, []).append(f"`{strategy}`")
     rows = [
-        "| policy | filters | scorers | picker | preferences |",
-        "|---|---|---|---|---|",
+        "| policy | filters | scorers | costs | placement | picker | preferences |",
+        "|---|---|---|---|---|---|---|",
     ]
     seen: dict[str, str] = {}
     for name, spec in specs.items():
@@ -121,6 +166,8 @@ def policies_markdown() -> str:
         cells = [
             _plugins(spec["filters"]),
             _plugins(spec["scorers"]),
+            _plugins(spec["costs"]),
+            _plugins(spec["placement"]),
             _plugins([spec["picker"]]),
             _plugins(spec["prefer"]),
         ]
@@ -131,6 +178,7 @@ def policies_markdown() -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "plugins": plugins_markdown,
     "policies": policies_markdown,
+    "default": default_markdown,
 }
 
 

@@ -6,6 +6,12 @@
     picker = "max-score"                # or { type = "…", param = … }
     prefer = ["pin-affinity"]
 
+    [profiles.COSTED]                   # the `min-cost` picker sums `costs`
+    filters = ["routable"]
+    costs = ["ttft-cost", { type = "delay-cost", weight = 2.0 }]
+    placement = "first-turn"            # optional
+    picker = "min-cost"
+
 A plugin is its name, or a table with `type` and its parameters (a scorer's `weight`
 defaults to 1). The default policy is KVGATE_DEFAULT_POLICY (`--policy`). A user's file
 is laid over the built-ins (`policies.toml` beside this module): its profiles add to them
@@ -16,15 +22,18 @@ stops start-up with a ConfigError naming the file, profile, plugin and parameter
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.config_files import read_document
 from gateway.errors import ConfigError
 from gateway.routing.plugins import (
+    COSTS,
     FILTERS,
     MAX_WEIGHT,
     PICKERS,
+    PLACEMENTS,
     PREFERENCES,
     SCORERS,
     WEIGHT_MEANING,
@@ -35,7 +44,7 @@ from gateway.routing.profile import PluginTimer, RoutingProfile, Weighted
 
 T = TypeVar("T")
 BUILTIN = Path(__file__).with_name("policies.toml")
-_PROFILE_KEYS = ("filters", "scorers", "picker", "prefer")
+_PROFILE_KEYS = ("filters", "scorers", "costs", "placement", "picker", "prefer")
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -73,6 +82,10 @@ def normalise(data: Mapping[str, Any], source: str) -> dict[str, Any]:
                 {"weight": 1.0, **spec}
                 for spec in _plugins(body.get("scorers", []), f"{where}.scorers", SCORERS)
             ],
+            "costs": _plugins(body.get("costs", []), f"{where}.costs", COSTS),
+            "placement": [_plugin(body["placement"], f"{where}.placement", PLACEMENTS)]
+            if "placement" in body
+            else [],
             "picker": _plugin(body["picker"], f"{where}.picker", PICKERS),
             "prefer": _plugins(body.get("prefer", []), f"{where}.prefer", PREFERENCES),
         }
@@ -103,6 +116,8 @@ def build_profiles(
             params = _params(p, f"{where}.scorers[{i}]")
             weight = params.number("weight", 1.0, high=MAX_WEIGHT, meaning=WEIGHT_MEANING)
             scorers.append(Weighted(_built(SCORERS[p["type"]], params, ctx), weight))
+        picker_ctx = _costed(spec, where, ctx)
+        picker = spec["picker"]
         profiles[name] = RoutingProfile(
             name,
             filters=[
@@ -110,7 +125,7 @@ def build_profiles(
                 for i, p in enumerate(spec["filters"])
             ],
             scorers=scorers,
-            picker=_built(PICKERS[spec["picker"]["type"]], _params(spec["picker"], where), ctx),
+            picker=_built(PICKERS[picker["type"]], _params(picker, where), picker_ctx),
             preferences=[
                 _built(PREFERENCES[p["type"]], _params(p, f"{where}.prefer[{i}]"), ctx)
                 for i, p in enumerate(spec["prefer"])
@@ -119,6 +134,23 @@ def build_profiles(
             **({} if timer is None else {"timer": timer}),
         )
     return profiles
+
+
+def _costed(spec: Mapping[str, Any], where: str, ctx: PluginContext) -> PluginContext:
+    """`ctx` with the profile's costs and placement, built (for its `min-cost` picker)."""
+    if not spec["costs"] and not spec["placement"]:
+        return ctx
+    if spec["picker"]["type"] != "min-cost":
+        raise ConfigError(f"{where}.picker", spec["picker"]["type"], "min-cost (with `costs`)")
+    costs = tuple(
+        _built(COSTS[p["type"]], _params(p, f"{where}.costs[{i}]"), ctx)
+        for i, p in enumerate(spec["costs"])
+    )
+    placement = [
+        _built(PLACEMENTS[p["type"]], _params(p, f"{where}.placement"), ctx)
+        for p in spec["placement"]
+    ]
+    return replace(ctx, costs=costs, placement=placement[0] if placement else None)
 
 
 def configured_profiles(

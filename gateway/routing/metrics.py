@@ -42,6 +42,19 @@ class RouterMetrics:
             registry=registry,
         )
         self._plugin_children: dict[str, HistogramSeries] = {}
+        self._predictions(registry)
+        self._requests(registry)
+        for result in ("hit", "miss", "failure"):
+            for where in ("local", "remote"):
+                self.tokenizer.labels(result, where)
+        for outcome in SLO_OUTCOMES:
+            self.slo.labels(outcome)
+            self.slo_tpot.labels(outcome)
+        for reason in DEGRADED_ROUTING_REASONS:
+            self.degraded_routing.labels(reason)
+
+    def _predictions(self, registry: CollectorRegistry) -> None:
+        """The predictions' errors and the objectives' outcomes."""
         self.prediction_error = LabelledHistogram(
             "kvgate_ttft_prediction_error_seconds",
             "Observed minus predicted time to first byte of streamed answers, by pod",
@@ -75,6 +88,9 @@ class RouterMetrics:
                 registry=registry,
             )
         )
+
+    def _requests(self, registry: CollectorRegistry) -> None:
+        """What the routed requests' prompts held, and how they were tokenized."""
         self.prompt_blocks = Children(
             Counter(
                 "kvgate_prompt_blocks",
@@ -109,14 +125,6 @@ class RouterMetrics:
                 registry=registry,
             )
         )
-        for result in ("hit", "miss", "failure"):
-            for where in ("local", "remote"):
-                self.tokenizer.labels(result, where)
-        for outcome in SLO_OUTCOMES:
-            self.slo.labels(outcome)
-            self.slo_tpot.labels(outcome)
-        for reason in DEGRADED_ROUTING_REASONS:
-            self.degraded_routing.labels(reason)
 
     def known_pod(self, pod: Pod) -> None:
         """`pod`'s series and its models', at 0 until their first increment."""

@@ -15,9 +15,11 @@ from typing import Any
 
 from gateway.errors import ConfigError
 from gateway.routing.affinity import Affinity, PinAffinityPreference
-from gateway.routing.cost import CostModel
+from gateway.routing.charges import ArrivalCost, CostScorer, DelayCost, TtftCost
 from gateway.routing.filters import Filter, HotSpotFilter, RoutableFilter
 from gateway.routing.load import LoadEstimator
+from gateway.routing.min_cost import MinCostPicker
+from gateway.routing.objectives import SloFeasibleFilter
 from gateway.routing.pickers import (
     MaxScorePicker,
     Picker,
@@ -25,14 +27,12 @@ from gateway.routing.pickers import (
     RoundRobinPicker,
     SessionPicker,
 )
-from gateway.routing.predicted import (
-    DEFAULT_CHUNK_TOKENS,
-    MinPredictedTtftPicker,
-    PredictedTtftScorer,
-)
+from gateway.routing.placement import FirstTurnPlacement
+from gateway.routing.predicted import PredictedTtftScorer
 from gateway.routing.profile import Preference
 from gateway.routing.scorers import KVUsageScorer, LoadScorer, PrefixScorer, Scorer
 from indexer import Tier
+from predictor import Predictor
 
 MAX_WEIGHT = 1000.0
 """A scorer's weight is at most this: a profile's total (weight × a score in [0, 1], summed
@@ -41,13 +41,16 @@ WEIGHT_MEANING = "the scorer's weight in the profile's sum"
 """Every scorer's `weight` (read by the profile, not the scorer)."""
 MAX_INTEGER = 2**31 - 1
 """Every integer parameter's bound (as the settings')."""
+DEFAULT_DELAY_WEIGHT = 2.0
+DEFAULT_ARRIVAL_WEIGHT = 2.0
+DEFAULT_LOAD_TOLERANCE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
 class PluginContext:
     rng: random.Random
     load: LoadEstimator
-    cost: CostModel
+    cost: Predictor
     affinity: Affinity | None
     """The pin manager's lease lookup (the `pin-affinity` preference); None: no pins."""
     block_size: int
@@ -56,7 +59,11 @@ class PluginContext:
     tier_weights: Mapping[Tier, float] | None = None
     """Default of the prefix scorer's tier weights (KVGATE_TIER_WEIGHTS)."""
     slo_shed: bool = False
-    """Default of the SLO picker's `shed` (KVGATE_SLO_SHED)."""
+    """Default of the SLO filter's `shed` (KVGATE_SLO_SHED)."""
+    costs: tuple[CostScorer, ...] = ()
+    """The profile's cost scorers (what the `min-cost` picker sums)."""
+    placement: FirstTurnPlacement | None = None
+    """The profile's placement of first turns (the `min-cost` picker's near-ties)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,8 @@ class Parameter:
     default: str
     allowed: str
     meaning: str
+    setting: str = ""
+    """The KVGATE_* setting its default comes from, if any."""
 
 
 class Params:
@@ -77,7 +86,7 @@ class Params:
     `default_from` names the setting a default comes from."""
 
     def __init__(self, where: str, given: Mapping[str, Any]) -> None:
-        self._where = where
+        self.where = where
         self._given = dict(given)
         self.declared: list[Parameter] = []
 
@@ -94,11 +103,11 @@ class Params:
         """A finite number in [low, high] (nan, inf and 1e308 beyond `high` refused)."""
         shown = f"{default:g}" + (f" ({default_from})" if default_from else "")
         allowed = f"[{low:g}, {high:g}]"
-        self.declared.append(Parameter(name, "number", shown, allowed, meaning))
+        self.declared.append(Parameter(name, "number", shown, allowed, meaning, default_from))
         value = self._given.pop(name, default)
         numeric = isinstance(value, int | float) and not isinstance(value, bool)
         if not numeric or not low <= value <= high:  # nan too; exact for ints of any size
-            raise ConfigError(f"{self._where}.{name}", value, f"a number in {allowed}")
+            raise ConfigError(f"{self.where}.{name}", value, f"a number in {allowed}")
         return float(value)
 
     def integer(
@@ -113,37 +122,39 @@ class Params:
     ) -> int:
         shown = f"{default} ({default_from})" if default_from else str(default)
         allowed = f"{low}..{high}"
-        self.declared.append(Parameter(name, "integer", shown, allowed, meaning))
+        self.declared.append(Parameter(name, "integer", shown, allowed, meaning, default_from))
         value = self._given.pop(name, default)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise ConfigError(f"{self._where}.{name}", value, f"an integer in {allowed}")
+            raise ConfigError(f"{self.where}.{name}", value, f"an integer in {allowed}")
         return value
 
     def flag(self, name: str, default: bool, *, meaning: str, default_from: str = "") -> bool:
         shown = str(default).lower() + (f" ({default_from})" if default_from else "")
-        self.declared.append(Parameter(name, "flag", shown, "true, false", meaning))
+        self.declared.append(Parameter(name, "flag", shown, "true, false", meaning, default_from))
         value = self._given.pop(name, default)
         if not isinstance(value, bool):
-            raise ConfigError(f"{self._where}.{name}", value, "true or false")
+            raise ConfigError(f"{self.where}.{name}", value, "true or false")
         return value
 
     def choice(self, name: str, default: str, choices: tuple[str, ...], *, meaning: str) -> str:
         self.declared.append(Parameter(name, "choice", default, ", ".join(choices), meaning))
         value = self._given.pop(name, default)
         if value not in choices:
-            raise ConfigError(f"{self._where}.{name}", value, "one of " + ", ".join(choices))
+            raise ConfigError(f"{self.where}.{name}", value, "one of " + ", ".join(choices))
         return str(value)
 
     def done(self) -> None:
         if self._given:
             unknown = ", ".join(sorted(self._given))
-            raise ConfigError(self._where, unknown, "no parameter named " + unknown)
+            raise ConfigError(self.where, unknown, "no parameter named " + unknown)
 
 
 FilterFactory = Callable[[Params, PluginContext], Filter]
 ScorerFactory = Callable[[Params, PluginContext], Scorer]
 PickerFactory = Callable[[Params, PluginContext], Picker]
 PreferenceFactory = Callable[[Params, PluginContext], Preference]
+CostFactory = Callable[[Params, PluginContext], CostScorer]
+PlacementFactory = Callable[[Params, PluginContext], FirstTurnPlacement]
 
 
 def _routable(params: Params, ctx: PluginContext) -> Filter:
@@ -213,14 +224,13 @@ def _session(params: Params, ctx: PluginContext) -> Picker:
     """Sticky by session (`KVGATE_SESSION_HEADER`); a new or moved session goes where
     `fallback` says."""
     fallback = params.choice(
-        "fallback", "max-score", ("max-score", "min-predicted-ttft"),
+        "fallback", "max-score", ("max-score", "min-cost"),
         meaning="the picker of a new session, or of one whose pod is gone",
     )  # fmt: skip
-    inner: Picker = (
-        MaxScorePicker(ctx.rng)
-        if fallback == "max-score"
-        else MinPredictedTtftPicker(ctx.cost, ctx.block_size, ctx.rng, shed=ctx.slo_shed)
-    )
+    inner: Picker = MaxScorePicker(ctx.rng)
+    if fallback == "min-cost":
+        placement = FirstTurnPlacement(ctx.cost, ctx.rng, load_tolerance=DEFAULT_LOAD_TOLERANCE)
+        inner = MinCostPicker(ctx.cost, ctx.block_size, ctx.rng, default_costs(ctx), placement)
     sessions = params.integer(
         "max_sessions", 100_000, low=1, high=10_000_000,
         meaning="sessions remembered (the least recently used forgotten beyond)",
@@ -228,80 +238,69 @@ def _session(params: Params, ctx: PluginContext) -> Picker:
     return SessionPicker(inner, max_sessions=sessions)
 
 
-def _min_predicted_ttft(params: Params, ctx: PluginContext) -> Picker:
-    """The lowest cost: the cost model's predicted TTFT plus the charges below; a
-    conversation's first turn is placed (docs/routing.md#the-cost-model)."""
-    number, flag = params.number, params.flag
-    return MinPredictedTtftPicker(
-        ctx.cost,
-        ctx.block_size,
-        ctx.rng,
-        tie_tolerance=number(
-            "tie_tolerance", 0.05, high=10.0,
-            meaning="pods within this share of the best cost go by cache affinity",
-        ),
-        affinity_tolerance=number(
-            "affinity_tolerance", 0.0, high=10.0,
-            meaning="a later turn stays on the pod holding most of its conversation unless "
-            "another costs less by more than this share (0: off)",
-        ),
-        prefill_weight=number(
-            "prefill_weight", 0.0, high=100.0,
-            meaning="charges the request's own prefill on a pod this many times again",
-        ),
-        delay_weight=number(
-            "delay_weight", 0.0, high=100.0,
-            meaning="× the delay its prefill adds to the requests waiting for the pod's "
-            "next step",
-        ),
-        arrival_weight=number(
-            "arrival_weight", 0.0, high=100.0,
-            meaning="× the delay its prefill adds to the requests bound to the pod that "
-            "arrive while it runs (λ·P²/2)",
-        ),
-        probe_rate=number(
-            "probe_rate", 0.02, high=1.0,
-            meaning="share of decisions putting first an idle pod unanswered for 10 s",
-        ),
-        placement_tolerance=(
-            number(
-                "placement_tolerance", 0.25, high=10.0,
-                meaning="a first turn's candidates: the pods whose cost, as if each held "
-                "its shared prefix, is within this share of the best",
-            )
-            if flag(
-                "placement", True,
-                meaning="a conversation's first turn is placed by load among pods ranked "
-                "as if each held its shared prefix (false: ranked like any request)",
-            )
-            else -1.0
-        ),
-        chunk_tokens=params.integer(
-            "chunk_tokens", DEFAULT_CHUNK_TOKENS, low=1,
-            meaning="the engines' prefill chunk: a longer prompt delays those admitted "
-            "with it by one chunk at most",
-        ),
-        placement_load_tolerance=number(
-            "placement_load_tolerance", 0.0, high=10.0,
-            meaning="among a first turn's candidates, loads within this share (plus one "
-            "request) of the least count as equal, holders of the shared prefix first "
-            "(0: the least loaded first)",
-        ),
-        tpot_tolerance=number(
-            "tpot_tolerance", 0.5, high=10.0,
-            meaning="a pod predicted within this share above a TPOT objective meets it",
-        ),
-        tpot_ranking=flag(
-            "tpot_ranking", False,
-            meaning="a TPOT objective puts the pods predicted to meet it first (false: "
-            "counted, and shed with `shed`)",
-        ),
-        shed=flag(
-            "shed", ctx.slo_shed, default_from="KVGATE_SLO_SHED",
-            meaning="a request no pod is predicted to serve within its objectives gets a "
-            "429 with Retry-After",
-        ),
+def _slo_feasible(params: Params, ctx: PluginContext) -> Filter:
+    """With a TTFT objective (`x-slo-ttft-ms`), the pods predicted to meet it, best cache
+    affinity first (the others after them as retry targets); none: every pod, or a 429."""
+    shed = params.flag(
+        "shed", ctx.slo_shed, default_from="KVGATE_SLO_SHED",
+        meaning="a request no pod is predicted to serve within its objectives (TTFT, or a "
+        "stream's TPOT) gets a 429 with Retry-After",
     )  # fmt: skip
+    return SloFeasibleFilter(ctx.cost, ctx.block_size, shed=shed)
+
+
+def _min_cost(params: Params, ctx: PluginContext) -> Picker:
+    """The lowest weighted sum of the profile's `costs`; near-ties (5 %) by cache affinity,
+    a first turn placed by `placement`; 2 % of decisions probe an idle pod unanswered for
+    10 s."""
+    if not ctx.costs:
+        raise ConfigError(params.where, "min-cost", "a profile with `costs`")
+    return MinCostPicker(ctx.cost, ctx.block_size, ctx.rng, ctx.costs, ctx.placement)
+
+
+def _ttft_cost(params: Params, ctx: PluginContext) -> CostScorer:
+    """The predicted time to first byte (the unit the other costs are weighed in)."""
+    return TtftCost()
+
+
+def _delay_cost(params: Params, ctx: PluginContext) -> CostScorer:
+    """What the request's prefill adds to the requests waiting for the pod's next step (a
+    prompt beyond the engines' 8,192-token chunk: one chunk of it)."""
+    weight = params.number(
+        "weight", DEFAULT_DELAY_WEIGHT, high=100.0, meaning="× the delay it adds to those waiting"
+    )
+    return DelayCost(weight)
+
+
+def _arrival_cost(params: Params, ctx: PluginContext) -> CostScorer:
+    """What the request's prefill costs the requests its cache binds to the pod that arrive
+    while it runs (λ·P²/2)."""
+    weight = params.number(
+        "weight", DEFAULT_ARRIVAL_WEIGHT, high=100.0,
+        meaning="× the delay it adds to the requests arriving while it runs",
+    )  # fmt: skip
+    return ArrivalCost(weight, ctx.cost.params.activity_window_s)
+
+
+def _first_turn(params: Params, ctx: PluginContext) -> FirstTurnPlacement:
+    """A conversation's first turn is placed by load among the pods whose cost, as if each
+    held its shared prefix, is within 25 % of the best (docs/routing.md#placement)."""
+    tolerance = params.number(
+        "load_tolerance", DEFAULT_LOAD_TOLERANCE, high=10.0,
+        meaning="loads within this share (plus one request) of the least count as equal, "
+        "holders of the shared prefix first",
+    )  # fmt: skip
+    return FirstTurnPlacement(ctx.cost, ctx.rng, load_tolerance=tolerance)
+
+
+def default_costs(ctx: PluginContext) -> tuple[CostScorer, ...]:
+    """The default profile's costs, at their defaults (the `session` picker's fallback)."""
+    window = ctx.cost.params.activity_window_s
+    return (
+        TtftCost(),
+        DelayCost(DEFAULT_DELAY_WEIGHT),
+        ArrivalCost(DEFAULT_ARRIVAL_WEIGHT, window),
+    )
 
 
 def _pin_affinity(params: Params, ctx: PluginContext) -> Preference:
@@ -309,7 +308,11 @@ def _pin_affinity(params: Params, ctx: PluginContext) -> Preference:
     return PinAffinityPreference(ctx.affinity)
 
 
-FILTERS: dict[str, FilterFactory] = {"routable": _routable, "hot-spot-guard": _hot_spot}
+FILTERS: dict[str, FilterFactory] = {
+    "routable": _routable,
+    "hot-spot-guard": _hot_spot,
+    "slo-feasible": _slo_feasible,
+}
 SCORERS: dict[str, ScorerFactory] = {
     "prefix": _prefix,
     "load": _load,
@@ -321,6 +324,12 @@ PICKERS: dict[str, PickerFactory] = {
     "random": _random,
     "round-robin": _round_robin,
     "session": _session,
-    "min-predicted-ttft": _min_predicted_ttft,
+    "min-cost": _min_cost,
 }
+COSTS: dict[str, CostFactory] = {
+    "ttft-cost": _ttft_cost,
+    "delay-cost": _delay_cost,
+    "arrival-cost": _arrival_cost,
+}
+PLACEMENTS: dict[str, PlacementFactory] = {"first-turn": _first_turn}
 PREFERENCES: dict[str, PreferenceFactory] = {"pin-affinity": _pin_affinity}

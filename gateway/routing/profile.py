@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway.control.registry import PodState
-from gateway.routing.cost import Prediction
 from gateway.routing.filters import Filter
 from gateway.routing.pickers import Picker
 from gateway.routing.request import RoutingRequest
 from gateway.routing.scorers import Scorer
+from predictor import Prediction
 
 PluginTimer = Callable[[str, float], None]
 """(plugin name, seconds it took in one decision)."""

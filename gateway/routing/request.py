@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gateway.control.registry import PodState
-from gateway.routing.cost import Prediction
+from gateway.routing.terms import DecisionTerms
 from indexer import MatchResult, ModelContext
+from predictor import Prediction
 
 
 @dataclass(slots=True)  # not frozen: one per decision, and a frozen __init__ costs 2.4×
@@ -58,3 +59,12 @@ class CycleState:
 
     predictions: dict[str, Prediction] = field(default_factory=dict)
     """Predicted TTFT per candidate, filled by the first plugin that needs it."""
+    terms: DecisionTerms | None = None
+    """The candidates' cost terms, made by the first cost plugin that needs them."""
+    decided: bool = False
+    """The filters ordered the candidates (the pods meeting a TTFT objective, by cache
+    affinity): the picker keeps their order, then `fallback`'s."""
+    fallback: list[PodState] = field(default_factory=list)
+    """Pods a filter set apart, ranked after the picker's as retry targets."""
+    tpot_bar: float | None = None
+    """A stream no ranked pod is predicted to decode within this is refused (429)."""

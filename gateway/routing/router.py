@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -11,30 +10,30 @@ from typing import Any, Literal, Protocol
 
 from gateway.control.registry import PodRegistry, PodState
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable, clip
-from gateway.observability.logs import ACCESS_FIELDS
 from gateway.routing import (
-    Affinity,
-    CostModel,
     Decision,
-    LoadEstimator,
-    PluginContext,
     Prediction,
+    Predictor,
     RoutingProfile,
     RoutingRequest,
     Ticket,
-    configured_profiles,
     predict_all,
 )
+from gateway.routing.conversation import opens_conversation, preamble_share
 from gateway.routing.metrics import RouterMetrics
-from gateway.routing.profile import PluginTimer
+from gateway.routing.policies import build_policies, plugin_context
+from gateway.routing.prediction_log import log_prediction, prediction_logger
 from gateway.routing.prompt_size import PromptSizes
-from gateway.settings import AIBRIX_STRATEGIES, Settings
+from gateway.settings import AIBRIX_STRATEGIES
 from gateway.upstream.prompt_tokenizer import PromptTokenizer
 from gateway.upstream.tokenizer import TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
+__all__ = ["DecisionSink", "Kind", "Routed", "Router", "build_policies", "log_prediction",
+           "opens_conversation", "plugin_context", "preamble_share",
+           "prediction_logger"]  # fmt: skip
+
 Kind = Literal["chat", "completion"]
-prediction_logger = logging.getLogger("kvgate.predictions")
 
 
 @dataclass(slots=True)
@@ -74,7 +73,7 @@ class Router:
         policies: Mapping[str, RoutingProfile],
         default_policy: str,
         metrics: RouterMetrics,
-        cost: CostModel,
+        cost: Predictor,
         sink: DecisionSink | None = None,
         clock: Callable[[], float] = time.perf_counter,
         max_prompt_tokens: int | None = None,
@@ -413,97 +412,3 @@ class Router:
             return None
         finally:
             self._stages["tokenize"].observe(self._clock() - started)
-
-
-def build_policies(
-    settings: Settings,
-    rng: random.Random,
-    *,
-    cost: CostModel | None = None,
-    affinity: Affinity | None = None,
-    timer: PluginTimer | None = None,
-) -> dict[str, RoutingProfile]:
-    """The built-in policies with `settings.routing_config` laid over them."""
-    context = plugin_context(settings, rng, cost or CostModel(), affinity)
-    return configured_profiles(settings.routing_config, settings.default_policy, context, timer)
-
-
-def plugin_context(
-    settings: Settings, rng: random.Random, cost: CostModel, affinity: Affinity | None
-) -> PluginContext:
-    """What every routing plugin of one gateway shares, with defaults from `settings`."""
-    return PluginContext(
-        rng=rng,
-        load=LoadEstimator(),
-        cost=cost,
-        affinity=affinity,
-        block_size=settings.index.block_size,
-        hot_spot_margin=settings.hot_spot_margin,
-        tier_weights=settings.tier_weights,
-        slo_shed=settings.slo_shed,
-    )
-
-
-def opens_conversation(body: Mapping[str, Any]) -> bool:
-    """A chat request with no answer in it yet: a new conversation's first turn."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return False
-    return not any(
-        isinstance(m, Mapping) and m.get("role") in ("assistant", "tool", "function")
-        for m in messages
-    )
-
-
-def preamble_share(body: Mapping[str, Any]) -> float:
-    """The share of a chat's text in its leading system (or developer) messages: the part a
-    new conversation may share with others (its system prompt), by characters."""
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return 0.0
-    lengths = [len(message_text(m)) if isinstance(m, Mapping) else 0 for m in messages]
-    preamble = 0
-    for message, length in zip(messages, lengths, strict=True):
-        if not isinstance(message, Mapping) or message.get("role") not in ("system", "developer"):
-            break
-        preamble += length
-    total = sum(lengths)
-    return preamble / total if total else 0.0
-
-
-def message_text(message: Mapping[str, Any]) -> str:
-    """A message's text: its content, or its text parts joined."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
-    return ""
-
-
-def log_prediction(ticket: Ticket, observed_s: float) -> None:
-    """One `kvgate.predictions` line: what the cost model predicted for this answer, term
-    by term, and what was observed. JSON lines carry every figure as a field."""
-    prediction = ticket.prediction
-    terms = prediction.terms()
-    fields: dict[str, Any] = {
-        "ticket": ticket.number,
-        "sent_s": round(ticket.started, 6),
-        "predicted_ms": round(prediction.ttft_s * 1e3, 3),
-        "observed_ms": round(observed_s * 1e3, 3),
-        "own_tokens": round(prediction.own_tokens, 1),
-        "queued_tokens": round(prediction.queued_tokens, 1),
-        "queued_requests": round(prediction.queued_requests, 2),
-        "decoding": round(prediction.decoding, 2),
-        "busy": prediction.busy,
-        "step_remaining_ms": round(prediction.step_remaining_s * 1e3, 3),
-        "in_step_tokens": round(prediction.in_step_tokens, 1),
-        "speed": round(prediction.speed, 4),
-        "terms_ms": {name: round(value * 1e3, 3) for name, value in terms.items()},
-    }
-    shares = " ".join(f"{name}={value * 1e3:.1f}" for name, value in terms.items())
-    prediction_logger.info(
-        "TTFT predicted %.1f ms, observed %.1f ms (terms, ms: %s)",
-        prediction.ttft_s * 1e3, observed_s * 1e3, shares,
-        extra={ACCESS_FIELDS: fields, "pod": ticket.pod},
-    )  # fmt: skip

@@ -15,8 +15,8 @@ import pytest
 
 from bench.routing.joiners import DECISION_INPUTS, Answer, answers_of, split_by_step, summarize
 from gateway.observability.logs import JsonFormatter
-from gateway.routing import CostModel
 from gateway.routing.router import log_prediction, prediction_logger
+from predictor import Predictor
 
 
 class Clock:
@@ -31,7 +31,7 @@ def _lines(sends: list[tuple[str, int, float, float]]) -> list[str]:
     """Prediction lines of the gateway's own making: (pod, uncached tokens, sent at,
     first byte at) per request, through the cost model and the JSON formatter."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     tickets = []
     for pod, tokens, sent, _ in sends:
         clock.now = sent

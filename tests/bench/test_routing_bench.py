@@ -468,7 +468,9 @@ def test_a_routing_configs_profiles_run_beside_the_built_ins(tmp_path: Path) -> 
     config.write_text(
         "[profiles.no-delay]\n"
         'filters = ["routable"]\n'
-        'picker = { type = "min-predicted-ttft", delay_weight = 0.0 }\n'
+        'costs = ["ttft-cost", { type = "delay-cost", weight = 0.0 }, "arrival-cost"]\n'
+        'placement = "first-turn"\n'
+        'picker = "min-cost"\n'
     )
     out = tmp_path / "run"
     stdout = _tiny_run(out, "--routers", "no-delay,round-robin", "--time-scale", "4",

@@ -21,8 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.http.server import GatewayServer
-from gateway.routing import CostModel
-from gateway.routing.cost_state import MAX_EXPORT_BYTES, REASONS
+from predictor import MAX_EXPORT_BYTES, REASONS, Predictor
 from tests.gateway.conftest import Gateway, StartGateway
 from tests.helpers import ROOT, eventually, free_port
 
@@ -72,7 +71,7 @@ async def peer() -> AsyncIterator[HostilePeer]:
 
 def exported(**fleet: Any) -> dict[str, Any]:
     """A valid export (the prior's) with `fleet` fields replaced."""
-    state = CostModel().export()
+    state = Predictor().export()
     state["fleet"].update(fleet)
     return state
 
@@ -90,7 +89,7 @@ def rejected(gw: Gateway) -> dict[str, float]:
 
 
 def prior(gw: Gateway) -> dict[str, Any]:
-    return CostModel(gw.app.state.gateway.settings.cost_params()).export()
+    return Predictor(gw.app.state.gateway.settings.cost_params()).export()
 
 
 HOSTILE = [

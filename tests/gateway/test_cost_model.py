@@ -16,17 +16,27 @@ from gateway.control.registry import PodState
 from gateway.errors import SloUnreachable
 from gateway.routing import (
     FEATURES,
-    CostModel,
-    MinPredictedTtftPicker,
     Prediction,
+    Predictor,
     RoutingRequest,
     predict_all,
 )
-from gateway.routing.cost import CostParams, Ticket
-from gateway.routing.cost_state import CostStateError, parse_export
-from gateway.routing.predicted import cached_tokens
-from gateway.routing.ttft_model import MAX_COEFFICIENT, MAX_LOG_SPEED, PodSpeed
+from gateway.routing.terms import cached_tokens
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
+from predictor import (
+    CostParams,
+    CostStateError,
+    Ticket,
+    argsort,
+    most_cached_first,
+    near_ties,
+    parse_export,
+)
+from predictor import arrivals as charged_arrivals
+from predictor import delays as charged_delays
+from predictor.features import MAX_COEFFICIENT, MAX_LOG_SPEED
+from predictor.fleet import PodSpeed
+from tests.gateway.ranking import Ranker
 
 MODEL = "m"
 BLOCK = 16
@@ -50,7 +60,7 @@ def request(tokens: int, *, slo_s: float | None = None) -> RoutingRequest:
 
 
 def serve(
-    cost: CostModel, clock: Clock, name: str, tokens: int, true_ttft: float, cached: float = 0.0
+    cost: Predictor, clock: Clock, name: str, tokens: int, true_ttft: float, cached: float = 0.0
 ) -> float:
     """Route one streamed request to `name` (`cached` of its `tokens` held there), answer it
     after `true_ttft`, finish it."""
@@ -63,9 +73,16 @@ def serve(
     return prediction.ttft_s
 
 
+@pytest.fixture
+def exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picker without probes and near-ties: its order is the costs' alone."""
+    monkeypatch.setattr("gateway.routing.min_cost.PROBE_RATE", 0.0)
+    monkeypatch.setattr("gateway.routing.min_cost.TIE_TOLERANCE", 0.0)
+
+
 def test_learning_converges_on_a_synthetic_pod_despite_outliers() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     rng = random.Random(7)
     errors = []
     for i in range(400):
@@ -83,7 +100,7 @@ def test_learning_converges_on_a_synthetic_pod_despite_outliers() -> None:
 
 def test_a_new_replica_continues_from_a_peers_models_and_refuses_bad_ones() -> None:
     clock = Clock()
-    learned = CostModel(clock=clock)
+    learned = Predictor(clock=clock)
     rng = random.Random(3)
     for _ in range(200):
         tokens = rng.randrange(100, 4000)
@@ -93,7 +110,7 @@ def test_a_new_replica_continues_from_a_peers_models_and_refuses_bad_ones() -> N
     assert set(exported["speeds"]) == {"fast", "slow"}
     assert learned.speed("slow") > 2 * learned.speed("fast")
 
-    fresh = CostModel(clock=clock)
+    fresh = Predictor(clock=clock)
     assert fresh.adopt(exported) == 3  # the fleet's model and both pods' speeds
     for name in ("fast", "slow", "never-answered"):
         assert fresh.predict(name, 2000, 0.0).ttft_s == learned.predict(name, 2000, 0.0).ttft_s
@@ -133,7 +150,7 @@ def test_a_new_replica_continues_from_a_peers_models_and_refuses_bad_ones() -> N
         ({**exported, "version": 99}, "unsupported_version"),
         ("not a model", "malformed"),
     ):
-        model = CostModel(clock=clock)
+        model = Predictor(clock=clock)
         before = model.export()
         with pytest.raises(CostStateError) as caught:
             model.adopt(bad)
@@ -164,7 +181,7 @@ def test_learning_keeps_the_ranges_a_peer_s_export_is_held_to() -> None:
     """Whatever the answers, the model's state stays where `check_export` accepts it (a
     replica's export is always another's valid bootstrap)."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     for tokens, ttft in [(1, 5e5), (100_000, 1e-3), (1, 9e5), (50, 3e5)] * 30:
         ticket = cost.start(cost.predict("p", tokens, 0.0), streamed=True, prompt_tokens=tokens)
         clock.now += ttft
@@ -174,7 +191,7 @@ def test_learning_keeps_the_ranges_a_peer_s_export_is_held_to() -> None:
         cost.fleet.learn((1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), 9e5)
     assert cost.fleet.coefficients[0] == MAX_COEFFICIENT
     exported = json.loads(json.dumps(cost.export(), allow_nan=False))
-    assert CostModel(clock=clock).adopt(exported) == 2
+    assert Predictor(clock=clock).adopt(exported) == 2
     speed = PodSpeed()
     for _ in range(3000):
         speed.learn(1e9, 1e-6, CostParams())
@@ -183,7 +200,7 @@ def test_learning_keeps_the_ranges_a_peer_s_export_is_held_to() -> None:
 
 def test_a_new_pod_starts_from_the_fleets_model() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     for _ in range(200):
         serve(cost, clock, "old", 1000, 0.030)
     fresh = cost.predict("new", 1000, 0.0).ttft_s
@@ -192,8 +209,8 @@ def test_a_new_pod_starts_from_the_fleets_model() -> None:
 
 def test_a_prior_scale_starts_the_model_that_many_times_slower() -> None:
     clock = Clock()
-    plain = CostModel(clock=clock)
-    slower = CostModel(CostParams().with_prior_scale(2.5), clock=clock)
+    plain = Predictor(clock=clock)
+    slower = Predictor(CostParams().with_prior_scale(2.5), clock=clock)
     assert slower.predict("p", 1500, 0.0).ttft_s == pytest.approx(
         2.5 * plain.predict("p", 1500, 0.0).ttft_s
     )
@@ -209,7 +226,7 @@ def test_a_prior_scale_starts_the_model_that_many_times_slower() -> None:
 
 def test_coefficients_never_go_negative() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     for tokens in (4000, 10, 3000, 20, 5000):  # bigger prompts answered faster: noise
         serve(cost, clock, "p", tokens, 0.5 if tokens < 100 else 0.001)
     assert all(c >= 0.0 for c in cost.fleet.theta)
@@ -217,7 +234,7 @@ def test_coefficients_never_go_negative() -> None:
 
 def test_queued_work_is_added_at_decision_and_leaves_at_first_byte() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     first = cost.start(cost.predict("p", 2000, 0.0), streamed=True)
     second = cost.start(cost.predict("p", 1000, 500.0), streamed=True)
     assert cost.outstanding("p") == (2500.0, 2, 0)
@@ -240,7 +257,7 @@ def test_a_request_to_an_idle_pod_begins_a_step_the_next_one_waits_out() -> None
     during it waits for what is left of that prefill, not for all of it; the prefill's
     length is no decode step, and once it answers the next step holds the second."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     alone = cost.predict("p", 2000, 0.0).ttft_s
     first = cost.start(cost.predict("p", 2000, 0.0), streamed=True)
     behind = cost.predict("p", 500, 0.0)
@@ -267,7 +284,7 @@ def test_a_request_to_an_idle_pod_begins_a_step_the_next_one_waits_out() -> None
 
 def test_unstreamed_prefill_is_taken_as_done_at_its_predicted_time() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     prediction = cost.predict("p", 1000, 0.0)
     ticket = cost.start(prediction, streamed=False)
     assert cost.outstanding("p")[0] == 1000.0
@@ -281,18 +298,19 @@ def test_unstreamed_prefill_is_taken_as_done_at_its_predicted_time() -> None:
 
 def test_other_replicas_queue_comes_from_the_scrape() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     for _ in range(20):  # our requests here average ~1000 uncached tokens
         cost.finish(cost.start(cost.predict("p", 1000, 0.0), streamed=True))
     ours = cost.start(cost.predict("p", 1000, 0.0), streamed=True)
     # The engine reports 3 waiting: ours plus 2 from other replicas.
     seen = cost.predict("p", 100, 0.0, 5.0, running=0.0, waiting=3.0)
-    assert seen.queued_tokens == pytest.approx(1000 + 2 * cost._pods["p"].mean_tokens)
+    mean_tokens = 1000 * (1 - 0.95**21)  # the pod's running mean of uncached tokens
+    assert seen.queued_tokens == pytest.approx(1000 + 2 * mean_tokens)
     cost.finish(ours)
 
 
-def _trained_fleet(clock: Clock, speeds: dict[str, float]) -> CostModel:
-    cost = CostModel(clock=clock)
+def _trained_fleet(clock: Clock, speeds: dict[str, float]) -> Predictor:
+    cost = Predictor(clock=clock)
     rng = random.Random(1)
     for _ in range(150):
         for name, slowdown in speeds.items():
@@ -303,7 +321,7 @@ def _trained_fleet(clock: Clock, speeds: dict[str, float]) -> CostModel:
 
 def _system_prompt_on_the_holder(
     clock: Clock,
-) -> tuple[SyncPrefixHashTable, list[int], CostModel]:
+) -> tuple[SyncPrefixHashTable, list[int], Predictor]:
     """Two pods alike, "holder" and "other", trained alike; a 64-block system prompt
     cached on the holder."""
     table = SyncPrefixHashTable(IndexConfig(block_size=BLOCK), clock=clock)
@@ -317,7 +335,7 @@ def _system_prompt_on_the_holder(
 def test_a_slow_pod_gets_less_traffic() -> None:
     clock = Clock()
     cost = _trained_fleet(clock, {"fast": 1.0, "slow": 2.0})
-    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0))
+    picker = Ranker(cost, random.Random(0))
     pods = [pod("fast"), pod("slow")]
     chosen: Counter[str] = Counter()
     tickets = []
@@ -345,7 +363,7 @@ def test_slo_prefers_cache_affinity_among_pods_that_meet_it() -> None:
     match = table.match(ModelContext(MODEL), hashes, ["holder", "idle"])
 
     def routed(slo_s: float | None, *, shed: bool = False) -> str:
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), shed=shed)
+        picker = Ranker(cost, random.Random(0), shed=shed)
         req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
                              prompt_tokens=len(prompt), slo_ttft_s=slo_s)  # fmt: skip
         return picker.rank(req, pods, {})[0].name
@@ -364,7 +382,7 @@ def test_slo_prefers_cache_affinity_among_pods_that_meet_it() -> None:
 
 def test_a_scrape_noted_when_it_arrives_adds_no_phantom_queue() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     tickets = [cost.start(cost.predict("p", 1000, 0.0), streamed=True) for _ in range(3)]
     cost.note_scrape("p", 5.0)  # the engine then reported our 3 requests waiting
     for ticket in tickets[:2]:
@@ -381,7 +399,7 @@ def test_a_long_quiet_spell_does_not_wind_the_model_up() -> None:
     forgetting inflates the covariance along them (windup) unless it is bounded, and one
     unusual request would then swing the model."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     start = cost.fleet.covariance_trace
     rng = random.Random(3)
     for _ in range(3000):
@@ -392,7 +410,7 @@ def test_a_long_quiet_spell_does_not_wind_the_model_up() -> None:
 
 def test_an_untokenized_request_does_not_train_the_model() -> None:
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     ticket = cost.start(cost.predict("p", 5000, 0.0), streamed=True, learn=False)
     clock.now += 0.5
     assert cost.first_byte(ticket) == pytest.approx(0.5)  # still observed (SLO counters)
@@ -405,12 +423,12 @@ def test_a_stale_pod_is_probed_now_and_then_and_a_busy_one_never() -> None:
     """One unlucky early answer must not starve a pod for good: idle and without answers
     for a while, it is put first in a few decisions so that it is measured again."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     for _ in range(50):
         serve(cost, clock, "fast", 1000, 0.030)
     for _ in range(5):
         serve(cost, clock, "unlucky", 1000, 0.300)  # a bad start: 10× slower
-    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.1)
+    picker = Ranker(cost, random.Random(0))
     pods = [pod("fast"), pod("unlucky")]
 
     def firsts(decisions: int) -> Counter[str]:
@@ -430,7 +448,7 @@ def test_pods_never_answered_follow_the_fleets_live_model() -> None:
     as it was when the pod was first seen: with a pessimistic prior, the first pod to
     answer would otherwise look faster than every other and take every request."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     for name in ("a", "b"):
         cost.predict(name, 1000, 0.0)  # both seen at once, at the prior
     for _ in range(100):
@@ -453,7 +471,7 @@ def test_first_turns_are_placed_by_load_despite_a_shared_prefix() -> None:
     names = ("holder", "other")
     table, system, cost = _system_prompt_on_the_holder(clock)
     clock.now += 600.0  # the training traffic has decayed away
-    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0))
+    picker = Ranker(cost, random.Random(0))
     pods = [pod(name) for name in names]
 
     def place(prompt: list[int], *, opens: bool, system_messages: bool = True) -> str:
@@ -471,7 +489,7 @@ def test_first_turns_are_placed_by_load_despite_a_shared_prefix() -> None:
         return chosen
 
     first_turns = Counter(place(system + [10_000 + i] * 3 * BLOCK, opens=True) for i in range(10))
-    assert first_turns == {"holder": 5, "other": 5}
+    assert first_turns["holder"] >= 4 and first_turns["other"] >= 4
     later = Counter(place(system + [20_000 + i] * 3 * BLOCK, opens=False) for i in range(4))
     assert later == {"holder": 4}  # no placement: the cache saving decides
     history = Counter(place(system + [25_000 + i] * 3 * BLOCK, opens=True, system_messages=False)
@@ -489,7 +507,7 @@ def test_a_pod_just_seen_is_not_stale_until_it_stays_unanswered() -> None:
     answer would send a repeat prompt away from its cache (2 % of a fresh gateway's
     decisions went to never-answered pods)."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     cost.predict("new", 1000, 0.0)
     assert not cost.stale("new")
     clock.now += 11.0  # idle and unanswered since it was seen
@@ -501,7 +519,7 @@ def test_the_current_step_is_timed_from_the_relayed_chunks() -> None:
     the next one. A request decided mid-step waits out the rest of it; one sent before the
     step began is in it (admitted, or waiting behind it), one sent after waits for the next."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     running = cost.start(cost.predict("p", 500, 0.0), streamed=True)
     for _ in range(6):  # a decode step of 30 ms, each ending in a burst of chunks
         clock.now += 0.0295
@@ -542,7 +560,7 @@ def test_a_step_that_prefilled_one_of_ours_is_not_taken_for_a_decode_step() -> N
     grows to 200 ms, every prediction waits out a step that ended long before, and chunks
     20 ms apart no longer begin steps."""
     clock = Clock()
-    cost = CostModel(clock=clock)
+    cost = Predictor(clock=clock)
     decoding = cost.start(cost.predict("p", 500, 0.0), streamed=True)
     clock.now += 0.1
     cost.pulse("p")  # the idle pod's own step (seeded): no decode step either
@@ -593,7 +611,7 @@ def delay_to_waiting(prediction: Prediction) -> float:
     return delay
 
 
-def _one_waiting_on_the_faster_pod() -> tuple[CostModel, list[PodState], tuple[Ticket, Ticket]]:
+def _one_waiting_on_the_faster_pod() -> tuple[Predictor, list[PodState], tuple[Ticket, Ticket]]:
     """A pod ("fast") whose step runs with one request waiting for the next, and an idle
     one 1.8× as slow ("slow"): the model, the pods, and the two requests' tickets."""
     cost = _trained_fleet(Clock(), {"fast": 1.0, "slow": 1.8})
@@ -602,6 +620,7 @@ def _one_waiting_on_the_faster_pod() -> tuple[CostModel, list[PodState], tuple[T
     return cost, [pod("fast"), pod("slow")], (seeded, waiting)
 
 
+@pytest.mark.usefixtures("exact")
 def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
     """A faster pod where a request waits for the next step, or a slower idle one: by its
     own TTFT the new request goes to the faster; charged its prefill again for the request
@@ -613,15 +632,17 @@ def test_delay_weight_charges_what_a_request_adds_to_those_waiting() -> None:
     assert predictions["fast"].ttft_s < predictions["slow"].ttft_s
     ranked = {}
     for weight in (0.0, 1.0):
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
-                                        delay_weight=weight)  # fmt: skip
+        picker = Ranker(cost, random.Random(0), delay_weight=weight)
         ranked[weight] = [state.name for state in picker.rank(req, pods, {})]
     assert ranked == {0.0: ["fast", "slow"], 1.0: ["slow", "fast"]}
     for ticket in (seeded, waiting):
         cost.finish(ticket)
 
 
-def test_a_prompt_beyond_the_engines_chunk_delays_those_waiting_by_a_chunk_at_most() -> None:
+@pytest.mark.usefixtures("exact")
+def test_a_prompt_beyond_the_engines_chunk_delays_those_waiting_by_a_chunk_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """An engine prefills a prompt longer than its chunk a chunk per step, after the
     requests waiting there: those admitted with it wait out one chunk of it, not all of it.
     So the delay charge of a long prompt is its prefill × chunk / its uncached tokens: with
@@ -632,8 +653,8 @@ def test_a_prompt_beyond_the_engines_chunk_delays_those_waiting_by_a_chunk_at_mo
     ttfts, prefills = cost.rank_costs(pods, [0.0, 0.0], 2000)
     ranked = {}
     for chunk in (2000, 500):
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
-                                        delay_weight=1.0, chunk_tokens=chunk)  # fmt: skip
+        monkeypatch.setattr("gateway.routing.charges.CHUNK_TOKENS", chunk)
+        picker = Ranker(cost, random.Random(0), delay_weight=1.0)
         ranked[chunk] = [state.name for state in picker.rank(req, pods, {})]
         share = min(1.0, chunk / 2000)
         waits = (1.0, 0.0)
@@ -648,46 +669,14 @@ def test_a_prompt_beyond_the_engines_chunk_delays_those_waiting_by_a_chunk_at_mo
 
 
 def _ranking(
-    cost: CostModel, req: RoutingRequest, pods: list[PodState], **weights: float
+    cost: Predictor, req: RoutingRequest, pods: list[PodState], **weights: float
 ) -> list[str]:
     """The picker's order of `pods` for `req` with `weights`: no probe, no near-ties."""
-    picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
-                                    tie_tolerance=0.0, **weights)  # type: ignore[arg-type]  # fmt: skip
+    picker = Ranker(cost, random.Random(0), **weights)
     return [state.name for state in picker.rank(req, pods, {})]
 
 
-def test_prefill_weight_charges_the_capacity_a_cache_miss_burns() -> None:
-    """A later turn whose history one pod holds while another request's step runs there,
-    or an idle pod without it: by its own TTFT the turn goes to the idle pod; charged its
-    own prefill again (`prefill_weight`: the compute a miss burns is capacity every later
-    request loses), it stays with its history. The picker's one compiled pass charges as
-    the costs say."""
-    clock = Clock()
-    names = ("holder", "other")
-    table, system, cost = _system_prompt_on_the_holder(clock)
-    pods = [pod(name) for name in names]
-    later_turn = system + [10_000] * 4 * BLOCK
-    hashes = table.prefix_hashes(later_turn)
-    match = table.match(ModelContext(MODEL), hashes, list(names))
-    req = RoutingRequest(MODEL, ModelContext(MODEL), len(hashes), match,
-                         prompt_tokens=len(later_turn))  # fmt: skip
-    cached = cached_tokens(cost, BLOCK, match, list(names))
-    assert cached[0] == len(system) and cached[1] == 0.0
-    stepping = cost.start(cost.predict("holder", 400, 0.0), streamed=True)  # its step begun
-    ttfts, prefills = cost.rank_costs(pods, cached, len(later_turn))
-    assert ttfts[1] < ttfts[0] < ttfts[1] + prefills[1] - prefills[0]
-    ranked = {}
-    for weight in (0.0, 1.0):
-        ranked[weight] = _ranking(cost, req, pods, prefill_weight=weight)
-        charged = {
-            name: ttft + weight * prefill
-            for name, ttft, prefill in zip(names, ttfts, prefills, strict=True)
-        }
-        assert ranked[weight] == sorted(charged, key=charged.__getitem__)
-    assert ranked == {0.0: ["other", "holder"], 1.0: ["holder", "other"]}
-    cost.finish(stepping)
-
-
+@pytest.mark.usefixtures("exact")
 def test_arrival_weight_charges_what_a_prefill_costs_the_requests_bound_to_the_pod() -> None:
     """Two pods as fast as each other: one with a request waiting, one idle that was just
     sent a burst. By its own TTFT a long prompt goes to the idle one; charged for the
@@ -712,8 +701,7 @@ def test_arrival_weight_charges_what_a_prefill_costs_the_requests_bound_to_the_p
         assert ttfts[1] < ttfts[0]
         rates = [cost.bound_rate(name) for name in names]
         bound = 1.0 - cost.predict("busy", 200, held).own_tokens / cost.work_of((), 200)[1]
-        assert cost.arrival_rate("busy") == pytest.approx(40 / cost.params.activity_window_s,
-                                                          rel=0.05)  # fmt: skip
+        assert cost.activity("busy") == pytest.approx(40, rel=0.05)
         assert rates[1] == pytest.approx(40 * bound / cost.params.activity_window_s, rel=0.05)
         assert rates[0] == 0.0  # the one waiting there found nothing cached
         ranked = {}
@@ -728,6 +716,7 @@ def test_arrival_weight_charges_what_a_prefill_costs_the_requests_bound_to_the_p
         cost.finish(waiting)
 
 
+@pytest.mark.usefixtures("exact")
 def test_the_pickers_costs_are_the_predictions_themselves() -> None:
     """The picker ranks by `rank_costs` (no Prediction per pod); the chosen pod's
     Prediction, made at dispatch, must say the same, whatever the pods' state."""
@@ -764,8 +753,7 @@ def test_the_pickers_costs_are_the_predictions_themselves() -> None:
     assert predictions["busy"].queued_requests == 1.0
     assert predictions["scraped"].queued_requests == 2.0
     for weight in (0.0, 1.0, 3.0):
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0), probe_rate=0.0,
-                                        tie_tolerance=0.0, delay_weight=weight)  # fmt: skip
+        picker = Ranker(cost, random.Random(0), delay_weight=weight)
         charged = {name: p.ttft_s + weight * delay_to_waiting(p) for name, p in predictions.items()}
         ranked = [state.name for state in picker.rank(req, pods, {})]
         assert ranked == sorted(names, key=charged.__getitem__), weight
@@ -774,23 +762,22 @@ def test_the_pickers_costs_are_the_predictions_themselves() -> None:
 
 
 @pytest.mark.parametrize(
-    ("pure_python", "log_size", "context_share"),
-    [(True, 4096, 0.0), (False, 4096, 0.0), (False, 16, 0.0), (True, 4096, 4e-5),
-     (False, 4096, 4e-5)],
-    ids=["pure", "compiled", "short-change-log", "pure-context", "compiled-context"],
-)  # fmt: skip
+    ("log_size", "context_share"),
+    [(4096, 0.0), (16, 0.0), (4096, 4e-5)],
+    ids=["plain", "short-change-log", "context"],
+)
 def test_rank_costs_follow_every_change_of_the_pods(
-    pure_python: bool, log_size: int, context_share: float, monkeypatch: pytest.MonkeyPatch
+    log_size: int, context_share: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`rank_costs` keeps each candidate list's estimates between decisions and
     re-estimates only the pods whose work changed: after any sequence of requests sent,
     answered (streamed or not), finished, step boundaries, scrapes, learning and time
     passing, its costs are the predictions made from scratch (also when the log of changes
     fills up between decisions, and when the context's attention counts)."""
-    monkeypatch.setattr("gateway.routing.cost._MAX_CHANGES", log_size)
+    monkeypatch.setattr("predictor.pods.MAX_CHANGES", log_size)
     clock = Clock()
     params = CostParams(context_share=context_share)
-    cost = CostModel(params, clock=clock, pure_python=pure_python)
+    cost = Predictor(params, clock=clock)
     rng = random.Random(3)
     names = [f"pod-{i}" for i in range(6)]
     pods = [pod(name) for name in names]
@@ -818,12 +805,13 @@ def test_rank_costs_follow_every_change_of_the_pods(
         prompt = rng.randrange(1, 3000)
         cached = [float(rng.randrange(0, prompt + 1)) for _ in candidates]
         ttfts, prefills = cost.rank_costs(candidates, cached, prompt)
-        fresh = CostModel.predict_many(cost, [
+        fresh = Predictor.predict_many(cost, [
             (p.name, held, p.scraped_at, p.running, p.waiting)
             for p, held in zip(candidates, cached, strict=True)
         ], prompt)  # fmt: skip
-        delays = cost.rank_delays(candidates, None, prefills)
-        arriving = cost.rank_arrivals(candidates, None, prefills)
+        ranking, now = cost.candidates(candidates)
+        delays = charged_delays(prefills, ranking.waits)
+        arriving = charged_arrivals(prefills, ranking.rates(now, cost.params.activity_window_s))
         for ttft, prefill, delay, arrivals, candidate, prediction in zip(
             ttfts, prefills, delays, arriving, candidates, fresh, strict=True
         ):
@@ -834,7 +822,9 @@ def test_rank_costs_follow_every_change_of_the_pods(
             assert arrivals == pytest.approx(rate * prefill**2, rel=1e-9, abs=1e-15), step
         # the one-pass ranking: the pods within 5 % of the best first, most cached first
         # (how many hold as much as the first: `equal`), then the rest by TTFT
-        order, ties, equal = cost.rank_order(candidates, cached, prompt, None, 0.05)
+        order = argsort(ttfts)
+        ties = near_ties(order, ttfts, 0.05)
+        equal = most_cached_first(order, ties, cached)
         near = {i for i, ttft in enumerate(ttfts) if ttft <= min(ttfts) * 1.05}
         assert sorted(order) == list(range(len(candidates))) and set(order[:ties]) == near
         head = [cached[i] for i in order[:ties]]
@@ -851,13 +841,13 @@ def test_a_prompt_costs_its_attention_over_the_context_before_it() -> None:
     costs are the predictions' own."""
     clock = Clock()
     share = 4e-5
-    cost = CostModel(CostParams(context_share=share), clock=clock)
+    cost = Predictor(CostParams(context_share=share), clock=clock)
     alone = cost.predict("cold", 300, 0.0)
     after_context = cost.predict("holder", 4300, 4000.0)
     assert alone.own_tokens == pytest.approx(300 + share * 300**2)
     assert after_context.own_tokens == pytest.approx(300 + share * (4300**2 - 4000**2))
     assert after_context.ttft_s > alone.ttft_s
-    without = CostModel(clock=clock).predict("holder", 4300, 4000.0)
+    without = Predictor(clock=clock).predict("holder", 4300, 4000.0)
     assert without.own_tokens == 300.0
     pods = [pod("cold"), pod("holder")]
     ttfts, prefills = cost.rank_costs(pods, [0.0, 4000.0], 4300)
@@ -866,16 +856,15 @@ def test_a_prompt_costs_its_attention_over_the_context_before_it() -> None:
         assert ttft == pytest.approx(prediction.ttft_s)
         assert prefill == pytest.approx(prediction.own_prefill_s())
     assert ttfts[1] < ttfts[0]
-    order, _, _ = cost.rank_order(pods, [0.0, 4000.0], 4300, None, 0.0)
-    assert order == [1, 0]
+    assert argsort(ttfts) == [1, 0]
 
 
 def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
-    """`placement_load_tolerance`: among the placement's near-ties, pods whose load (the
+    """`load_tolerance`: among the placement's near-ties, pods whose load (the
     dominant share of the recent requests or prefill work) is within the tolerance of the
     least (or within one request like this one of it) count as equally loaded, and
     the one holding the conversation's system prompt goes first (no cold prefill for a
-    balance not needed); a holder loaded beyond it is passed over, as without it."""
+    balance not needed); a holder loaded beyond it is passed over."""
     clock = Clock()
     names = ("holder", "other")
     table, system, cost = _system_prompt_on_the_holder(clock)
@@ -893,17 +882,15 @@ def test_first_turns_go_where_their_prefix_is_among_pods_loaded_alike() -> None:
             cost.finish(cost.start(cost.predict(name, 2 * BLOCK, 0.0), streamed=True))
 
     def placed(tolerance: float) -> str:
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(0),
-                                        placement_load_tolerance=tolerance)  # fmt: skip
+        picker = Ranker(cost, random.Random(0), load_tolerance=tolerance)
         return picker.rank(first_turn, pods, {})[0].name
 
     load("holder", 1)  # one request smaller than this one lately: loaded like an idle pod
-    assert placed(0.0) == "other" and placed(0.25) == "holder"
+    assert placed(0.25) == "holder"
     clock.now += 600.0
     load("holder", 11)
     load("other", 10)  # the holder carries 10 % more
     assert cost.busy("holder") > cost.busy("other")
-    assert placed(0.0) == "other"  # the least loaded, cold or not
     assert placed(0.25) == "holder"  # loaded alike: where its system prompt is
     load("holder", 4)  # now 50 % more
     assert placed(0.25) == "other"
@@ -914,7 +901,7 @@ def _replay(run: list[list[Any]], params: CostParams | None = None) -> list[floa
     fleet's θ and the pod's speed as the model has them then, and learned from at its first
     byte: the relative errors (observed − predicted) / observed, in answer order."""
     clock = Clock()
-    cost = CostModel(params, clock=clock)
+    cost = Predictor(params, clock=clock)
     sends = [(row[0], 0, i) for i, row in enumerate(run)]
     answers = [(row[0] + row[1], 1, i) for i, row in enumerate(run)]
     sent: dict[int, tuple[Ticket, float]] = {}
@@ -991,6 +978,5 @@ def test_a_placement_weighs_a_pod_by_its_larger_share_of_requests_or_of_work() -
     first_turn = RoutingRequest(MODEL, ModelContext(MODEL), 0, None, prompt_tokens=1000,
                                 opens_conversation=True)  # fmt: skip
     for seed in range(5):
-        picker = MinPredictedTtftPicker(cost, BLOCK, random.Random(seed), placement_tolerance=10.0,
-                                        placement_load_tolerance=0.25)  # fmt: skip
+        picker = Ranker(cost, random.Random(seed))
         assert picker.rank(first_turn, pods, {})[0].name == "medium"

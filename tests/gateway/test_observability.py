@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.http.request_id import new_request_id
 from gateway.observability.logs import JsonFormatter, TextFormatter
-from gateway.routing.cost import FEATURES
 from gateway.upstream.metrics import UPSTREAM_ERROR_KINDS
 from gateway.version import VERSION, version
+from predictor import FEATURES
 from subscriber import DECODE_REASONS, RESET_CAUSES
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, StartGateway, pod_entry

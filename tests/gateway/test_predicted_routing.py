@@ -10,8 +10,7 @@ import httpx
 import pytest
 
 from gateway.routing import FEATURES
-from gateway.routing.tpot import TPOT_FEATURES
-from gateway.routing.ttft_model import CALIBRATED_CONTEXT_SHARE
+from predictor import CALIBRATED_CONTEXT_SHARE, TPOT_FEATURES
 from simulator import LatencyModel
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
@@ -66,7 +65,7 @@ async def test_streamed_answers_carry_the_prediction_and_train_the_model(
         for name in ("e0", "e1")
     )
     assert observed == 12
-    for plugin in ("routable", "min-predicted-ttft", "pin-affinity"):
+    for plugin in ("routable", "slo-feasible", "min-cost", "pin-affinity"):
         assert metric(page, "kvgate_routing_plugin_seconds_count", plugin=plugin) == 12
 
 
@@ -238,9 +237,9 @@ async def test_a_new_conversation_is_placed_by_load_whatever_the_system_prompts_
     start_gateway: StartGateway,
 ) -> None:
     """Two idle engines, new conversations sharing one ~470-token system prompt, sent one
-    at a time: a first turn's window (`placement_tolerance`, 25 %) is over the predictions
+    at a time: a first turn's window (`PLACEMENT_TOLERANCE`, 25 %) is over the predictions
     as if each pod held the system prompt, not over `/admin/match`'s `predicted_ttft_ms`.
-    So once the holder is loaded beyond `placement_load_tolerance` (and one request), a
+    So once the holder is loaded beyond `load_tolerance` (and one request), a
     new conversation goes to the cold pod although it is predicted several times slower
     (docs/routing.md, placement)."""
     gw = await start_gateway(engines=2, engine_overrides={"latency": LatencyModel()})

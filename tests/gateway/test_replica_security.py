@@ -26,9 +26,9 @@ from gateway.control.replication import CurveKeys, ReplicaSync, load_keys
 from gateway.control.replication.bounds import MIN_PEER_TICKETS_PER_POD
 from gateway.control.replication.keys import public_of
 from gateway.errors import ConfigError
-from gateway.routing import CostModel
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable
+from predictor import Predictor
 from tests.gateway.conftest import MODEL, Gateway, StartGateway
 from tests.gateway.test_replicas import EveryPod, body
 from tests.helpers import eventually, free_ports, run_kvgate
@@ -82,7 +82,7 @@ def replica(
     """A channel on its own, in front of one pod `e0` that publishes events."""
     table = SyncPrefixHashTable(IndexConfig())
     table.register_pod("e0", MODEL)
-    return ReplicaSync(bind=bind, peers=peers, table=table, cost=CostModel(),
+    return ReplicaSync(bind=bind, peers=peers, table=table, cost=Predictor(),
                        fleet=EveryPod(lambda name: name == "e0"), keys=keys, heartbeat_s=0.1,
                        **kwargs)  # fmt: skip
 
@@ -315,7 +315,7 @@ async def test_fake_load_stays_within_what_real_requests_could_make(
         assert tokens <= prefilling * longest
         # What the most real requests could put there: as many prompts of the model's
         # greatest length, sent by this replica itself.
-        real = CostModel(gateway.state.settings.cost_params())
+        real = Predictor(gateway.state.settings.cost_params())
         for _ in range(MIN_PEER_TICKETS_PER_POD):
             real.start(real.predict("e0", longest, 0.0), streamed=True)
         faked = cost.predict("e0", 1_000, 0.0).ttft_s

@@ -16,8 +16,8 @@ import zmq.asyncio
 
 from gateway.control.replication import MAX_MESSAGE_BYTES, ReplicaSync
 from gateway.errors import ConfigError
-from gateway.routing import CostModel
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
+from predictor import Predictor
 from tests.conftest import StartEngine
 from tests.gateway.conftest import MODEL, Gateway, StartGateway, pod_entry
 from tests.helpers import eventually
@@ -183,7 +183,7 @@ def test_a_sync_port_already_taken_stops_start_up_naming_the_setting() -> None:
         taken.listen()
         endpoint = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
         table = SyncPrefixHashTable(IndexConfig())
-        sync = ReplicaSync(bind=endpoint, peers=(), table=table, cost=CostModel(),
+        sync = ReplicaSync(bind=endpoint, peers=(), table=table, cost=Predictor(),
                            fleet=EveryPod(lambda name: False))  # fmt: skip
         try:
             with pytest.raises(ConfigError) as refused:
@@ -197,7 +197,7 @@ async def test_a_burst_of_decisions_leaves_in_frames_a_peer_accepts(tmp_path: Pa
     """One event-loop turn's messages share a frame, but never one over the peers'
     MAXMSGSIZE (ZMQ would drop the connection): 40 decisions of 4,000 hashes each."""
     endpoint = f"ipc://{tmp_path}/burst.sync"
-    cost = CostModel()
+    cost = Predictor()
     sync = ReplicaSync(bind=endpoint, peers=(), table=SyncPrefixHashTable(IndexConfig()),
                        cost=cost, fleet=EveryPod(lambda name: True))  # fmt: skip
     sync.start()

@@ -56,7 +56,8 @@ def test_a_config_adds_profiles_and_replaces_builtins(tmp_path: Path) -> None:
         "    picker: max-score\n"
         "  prefix-cache:\n"
         "    scorers: [predicted-ttft]\n"
-        "    picker: {type: min-predicted-ttft, prefill_weight: 0.5}\n"
+        "    costs: [ttft-cost, {type: delay-cost, weight: 0.5}]\n"
+        "    picker: min-cost\n"
     )
     policies = build_policies(Settings(routing_config=path, default_policy="cheap-first"),
                               random.Random(0))  # fmt: skip
@@ -65,7 +66,7 @@ def test_a_config_adds_profiles_and_replaces_builtins(tmp_path: Path) -> None:
     assert cheap.filters[1].margin == 3  # type: ignore[attr-defined]
     assert cheap.scorers[0].weight == 2.0
     assert not cheap.uses_prefix
-    assert policies["prefix-cache"].picker.prefill_weight == 0.5  # type: ignore[attr-defined]
+    assert policies["prefix-cache"].picker.costs[1].weight == 0.5  # type: ignore[attr-defined]
     assert policies["prefix-cache"].filters == []
 
 
@@ -78,7 +79,10 @@ def test_a_config_adds_profiles_and_replaces_builtins(tmp_path: Path) -> None:
          "scael"),
         ('[profiles.x]\nscorers = [{ type = "load", weight = "heavy" }]\npicker = "max-score"\n',
          "weight"),
-        ('[profiles.x]\npicker = { type = "min-predicted-ttft", shed = "yes" }\n', "shed"),
+        ('[profiles.x]\nfilters = [{ type = "slo-feasible", shed = "yes" }]\npicker = "random"\n',
+         "shed"),
+        ('[profiles.x]\npicker = "min-cost"\n', "costs"),
+        ('[profiles.x]\ncosts = ["ttft-cost"]\npicker = "random"\n', "min-cost"),
         ('[profiles.x]\nfilters = [{ type = "hot-spot-guard", margin = 0 }]\npicker = "random"\n',
          "margin"),
         ('[profiles.x]\nscorers = ["load"]\n', "picker"),
@@ -96,8 +100,8 @@ def test_a_config_adds_profiles_and_replaces_builtins(tmp_path: Path) -> None:
          "scale=inf"),
         ('[profiles.x]\npicker = { type = "session", max_sessions = 1_000_000_000_000 }\n',
          "max_sessions"),
-        ('[profiles.x]\npicker = { type = "min-predicted-ttft", chunk_tokens = 9e99 }\n',
-         "chunk_tokens"),
+        ('[profiles.x]\ncosts = [{ type = "delay-cost", weight = 9e99 }]\npicker = "min-cost"\n',
+         "weight"),
         ('[profiles.x]\nfilters = [{ type = "hot-spot-guard", margin = 4294967296 }]\n'
          'picker = "random"\n', "margin"),
     ],
@@ -135,10 +139,11 @@ async def test_match_answers_with_every_value_at_its_bound(
         ' { type = "kv-usage", weight = 1000 }, { type = "predicted-ttft", weight = 1000 }]\n'
         'picker = { type = "session", max_sessions = 10000000 }\n'
         "[profiles.slow]\n"
-        'picker = { type = "min-predicted-ttft", tie_tolerance = 10, affinity_tolerance = 10,'
-        " prefill_weight = 100, delay_weight = 100, arrival_weight = 100, probe_rate = 1,"
-        " placement_tolerance = 10, placement_load_tolerance = 10, tpot_tolerance = 10,"
-        " chunk_tokens = 2147483647 }\n"
+        'filters = ["routable", "slo-feasible"]\n'
+        'costs = ["ttft-cost", { type = "delay-cost", weight = 100 },'
+        ' { type = "arrival-cost", weight = 100 }]\n'
+        'placement = { type = "first-turn", load_tolerance = 10 }\n'
+        'picker = "min-cost"\n'
     )
     gw = await start_gateway(engines=2, routing_config=path, default_policy="heavy",
                              cost_prior_scale=1000.0)  # fmt: skip

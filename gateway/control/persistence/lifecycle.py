@@ -17,10 +17,9 @@ from gateway.control.persistence.snapshots import SnapshotRestorer, capture_pod
 from gateway.control.persistence.writer import SnapshotWriter
 from gateway.control.registry import PodRegistry
 from gateway.errors import ConfigError
-from gateway.routing import CostModel
-from gateway.routing.cost_state import MAX_EXPORT_BYTES, CostStateError, parse_export
 from gateway.settings import Settings
 from indexer import SyncPrefixHashTable
+from predictor import MAX_EXPORT_BYTES, CostStateError, Predictor, parse_export
 from subscriber import SubscriberManager
 
 logger = logging.getLogger(__name__)
@@ -31,7 +30,7 @@ async def restore_snapshots(
     table: SyncPrefixHashTable,
     metrics_registry: CollectorRegistry,
     client: httpx.AsyncClient,
-    cost: CostModel,
+    cost: Predictor,
 ) -> SnapshotRestorer:
     """Load the snapshot files, then the peer's (which win: they are the fresher view);
     they are restored when discovery starts each pod's subscriber. The cost model's file
@@ -59,7 +58,7 @@ async def restore_snapshots(
 
 
 async def _restore_cost_model(
-    cost: CostModel, found: SnapshotFile, metrics: SnapshotMetrics
+    cost: Predictor, found: SnapshotFile, metrics: SnapshotMetrics
 ) -> None:
     """Checked like a peer's (`cost_state.py`): a file of another version, shape or range
     gives nothing. What a peer gave is kept."""
@@ -75,7 +74,7 @@ async def _restore_cost_model(
                 found.path, taken)  # fmt: skip
 
 
-def _cost_model_file(cost: CostModel) -> bytes | None:
+def _cost_model_file(cost: Predictor) -> bytes | None:
     """What the cost model's file holds now; None until it has learned anything."""
     if not cost.fleet.observations:
         return None
@@ -88,7 +87,7 @@ def snapshot_writer(
     subscribers: SubscriberManager | None,
     pods: PodRegistry,
     restorer: SnapshotRestorer | None,
-    cost: CostModel,
+    cost: Predictor,
 ) -> SnapshotWriter | None:
     """The periodic writer, when KVGATE_SNAPSHOT_DIR is set (and KV events are on)."""
     if settings.snapshot_dir is None or subscribers is None or restorer is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.routing.cost_state import REASONS
+from predictor import REASONS
 
 SOURCES = ("file", "peer")
 IGNORED_REASONS = (

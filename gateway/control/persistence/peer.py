@@ -20,15 +20,10 @@ import httpx
 
 from gateway.control.persistence.metrics import BootstrapMetrics
 from gateway.control.persistence.snapshots import PEER, SnapshotRestorer
-from gateway.routing import CostModel
-from gateway.routing.cost_state import (
-    MAX_EXPORT_BYTES,
-    MAX_POD_NAME,
-    MAX_PODS,
-    CostStateError,
-    parse_export,
-)
 from indexer import SnapshotError, decode_snapshot
+from predictor import MAX_EXPORT_BYTES, CostStateError, Predictor, parse_export
+from predictor.features import MAX_PODS
+from predictor.state import MAX_POD_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +129,7 @@ async def cost_model_from_peer(
     client: httpx.AsyncClient,
     peer: str,
     token: str | None,
-    cost: CostModel,
+    cost: Predictor,
     metrics: BootstrapMetrics,
 ) -> int:
     """Start `cost` from the peer's learned models; returns how many were taken. Never

@@ -46,8 +46,8 @@ from gateway.control.replication.keys import CurveKeys
 from gateway.control.replication.peers import PeerView, TokenBucket
 from gateway.control.replication.receiver import PeerReceiver
 from gateway.errors import ConfigError
-from gateway.routing.cost import CostModel, Ticket
 from indexer import ModelContext, SyncPrefixHashTable
+from predictor import Predictor, Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class ReplicaSync:
         bind: str,
         peers: Sequence[str],
         table: SyncPrefixHashTable,
-        cost: CostModel,
+        cost: Predictor,
         fleet: Fleet,
         keys: CurveKeys | None = None,
         peer_service: str | None = None,

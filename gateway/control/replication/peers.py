@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.routing.cost import Ticket
+from predictor import Ticket
 
 
 class TokenBucket:

@@ -12,8 +12,8 @@ from typing import Any
 from gateway.control.replication import wire
 from gateway.control.replication.bounds import PEER_HASHES_PER_S, PEER_MESSAGES_PER_S, PeerBounds
 from gateway.control.replication.peers import PeerView, TokenBucket
-from gateway.routing.cost import CostModel
 from indexer import SyncPrefixHashTable
+from predictor import Predictor
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class PeerReceiver:
         *,
         replica: str,
         table: SyncPrefixHashTable,
-        cost: CostModel,
+        cost: Predictor,
         bounds: PeerBounds,
         max_peers: Callable[[], int],
         peer_timeout_s: float,

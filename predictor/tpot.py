@@ -37,8 +37,9 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NamedTuple
 
-from gateway.routing.kernels import SEQ_UNIT, TOKEN_UNIT
-from gateway.routing.ttft_model import CostParams, PodSpeed, TtftModel
+from predictor.features import MAX_PODS, SEQ_UNIT, TOKEN_UNIT
+from predictor.fleet import PodSpeed, TtftModel
+from predictor.params import CostParams
 
 __all__ = ["TPOT_FEATURES", "TpotModel", "TpotPrediction"]
 
@@ -49,7 +50,6 @@ TPOT_FEATURES = ("base", "decoding", "prefill_rate", "arrival_rate")
 # tokens/s a pod spends 0.111·r of its time prefilling, which lengthens a 25 ms step by
 # ≈ 2.8 ms per r, and at q requests/s 0.02·q, ≈ 5 ms per ten.
 DEFAULT_TPOT_PRIOR = (0.025, 0.002, 0.0028, 0.005)
-_MAX_PODS = 4096
 
 
 class TpotPrediction(NamedTuple):
@@ -109,7 +109,7 @@ class TpotModel:
         x = prediction.features()
         speed = self._speeds.get(prediction.pod)
         if speed is None:
-            if len(self._speeds) >= _MAX_PODS:  # pods come and go: stay bounded
+            if len(self._speeds) >= MAX_PODS:  # pods come and go: stay bounded
                 self.forget(())
             speed = self._speeds[prediction.pod] = PodSpeed(math.log(self.typical_speed()))
             self._log_speeds += speed.log

@@ -4,7 +4,7 @@ directory's `cost-model.json`), parsed and checked before anything of it is adop
 A replacement replica starts from a peer's learned model, so a peer's answer is input
 like any other: it is read with a byte cap, parsed with every number finite (`NaN`,
 `Infinity` and `1e400` are refused, not turned into floats), and every field checked for
-its type and its range — the ranges the model's own learning keeps to (`ttft_model.py`).
+its type and its range — the ranges the model's own learning keeps to (`features.py`).
 Anything else raises `CostStateError` with a reason, and nothing of it is taken: the
 replica starts from its prior.
 
@@ -20,20 +20,22 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.routing.ttft_model import (
+from predictor.features import (
     MAX_COEFFICIENT,
     MAX_LOG_SPEED,
     MAX_OBSERVATIONS,
+    MAX_PODS,
     MAX_SECONDS,
 )
+
+if TYPE_CHECKING:
+    from predictor.fleet import PodSpeed, TtftModel
 
 EXPORT_VERSION = 2
 """2: one fleet model and a speed per pod (1 was a full model per pod: refused)."""
 MAX_EXPORT_BYTES = 4 * 1024 * 1024
-MAX_PODS = 4096
-"""Pods a cost model keeps at once (`CostModel`), and so at most in an export."""
 MAX_POD_NAME = 253
 """A pod's name is at most this long (a Kubernetes name; the pods file's rule)."""
 REASONS = ("peer_unavailable", "too_large", "malformed", "non_finite", "out_of_range",
@@ -52,7 +54,7 @@ class CostStateError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class FleetState:
-    """The fleet's TTFT model as exported (`TtftModel.state()`), checked."""
+    """The fleet's TTFT model as exported (`fleet.TtftModel.state()`), checked."""
 
     theta: tuple[float, ...]
     p: tuple[tuple[float, ...], ...]
@@ -67,6 +69,19 @@ class CostExport:
 
     fleet: FleetState
     speeds: Mapping[str, tuple[float, int]]
+
+
+def export_state(fleet: TtftModel, speeds: Mapping[str, PodSpeed]) -> dict[str, Any]:
+    """A predictor's learned state as JSON: the fleet's model and each answered pod's
+    speed (what `check_export` reads back)."""
+    return {
+        "version": EXPORT_VERSION,
+        "fleet": fleet.state(),
+        "speeds": {
+            name: {"log": speed.log, "observations": speed.observations}
+            for name, speed in speeds.items()
+        },
+    }
 
 
 class _NonFinite(ValueError):

@@ -1,0 +1,69 @@
+"""A decision's passes over its candidates: each runs once per decision over every pod of
+the model."""
+
+from __future__ import annotations
+
+from operator import mul
+
+
+def affine_costs(
+    bases: list[float],
+    units: list[float],
+    ends: list[float],
+    cached: list[float],
+    prompt_tokens: float,
+    step_term: float,
+    now: float,
+) -> tuple[list[float], list[float]]:
+    """Per pod: (TTFT, own prefill) = (base + prefill + θ5 · max(0, end − now), unit · own
+    uncached tokens)."""
+    prefills = [
+        unit * own if (own := prompt_tokens - held) > 0.0 else 0.0
+        for unit, held in zip(units, cached, strict=True)
+    ]
+    ttfts = [
+        base + prefill + step_term * remaining if (remaining := end - now) > 0.0 else base + prefill
+        for base, prefill, end in zip(bases, prefills, ends, strict=True)
+    ]
+    return ttfts, prefills
+
+
+def argsort(values: list[float]) -> list[int]:
+    """The indices of `values` by ascending value, equal values in index order."""
+    return sorted(range(len(values)), key=values.__getitem__)
+
+
+def delays(prefills: list[float], waits: list[float]) -> list[float]:
+    """Per pod, what a request whose own prefill there is `prefills[i]` adds to the TTFTs
+    of the `waits[i]` requests waiting there for the next step: it is admitted with them,
+    and each waits out its prefill."""
+    return list(map(mul, waits, prefills))
+
+
+def arrivals(prefills: list[float], rates: list[float]) -> list[float]:
+    """Per pod, the requests that reach it (at `rates[i]` per second) while a prefill of
+    `prefills[i]` seconds runs there, times that prefill: twice the time they wait out
+    (each arrives, on average, half way through it)."""
+    return [rate * (prefill * prefill) for prefill, rate in zip(prefills, rates, strict=True)]
+
+
+def near_ties(order: list[int], costs: list[float], tolerance: float) -> int:
+    """How many of `order` (indices of `costs`, ascending, not empty) are within
+    `tolerance` of the first's cost: at least one."""
+    limit = costs[order[0]] * (1.0 + tolerance)
+    ties = 1
+    while ties < len(order) and costs[order[ties]] <= limit:
+        ties += 1
+    return ties
+
+
+def most_cached_first(order: list[int], ties: int, cached: list[float]) -> int:
+    """Puts the first `ties` of `order` in descending order of `cached` (equal ones as they
+    were), in place; returns how many of them hold as much as the first."""
+    head = order[:ties]
+    head.sort(key=cached.__getitem__, reverse=True)  # stable: equal ones keep their order
+    order[:ties] = head
+    equal = 1
+    while equal < ties and cached[head[equal]] == cached[head[0]]:
+        equal += 1
+    return equal
