@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.routing.routers import KVGATE_POLICIES
 from bench.tables.markdown import num, pct, spread, table
 
 Run = dict[str, Any]
@@ -90,6 +91,8 @@ def closed(results: Path) -> str:
         document = json.loads((results / "routing" / folder / "routing.json").read_text())
         users = document["options"]["concurrency"]
         for workload, router, r in groups(document["runs"]):
+            if router.strip("`") not in KVGATE_POLICIES:  # a variant the run explored
+                continue
             vip = cell(r, tag_p90("vip")) if "vip" in r[0]["by_tag"] else "—"
             rows.append((
                 f"{workload}, {users} users", router, cell(r, ttft("p90")),
