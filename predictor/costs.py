@@ -60,6 +60,8 @@ def near_ties(order: list[int], costs: list[float], tolerance: float) -> int:
 def most_cached_first(order: list[int], ties: int, cached: list[float]) -> int:
     """Puts the first `ties` of `order` in descending order of `cached` (equal ones as they
     were), in place; returns how many of them hold as much as the first."""
+    if ties == 1:  # (most decisions: one pod is best by more than the tolerance)
+        return 1
     head = order[:ties]
     head.sort(key=cached.__getitem__, reverse=True)  # stable: equal ones keep their order
     order[:ties] = head

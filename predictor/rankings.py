@@ -71,6 +71,17 @@ class Ranking:
             for bound, at, p in zip(self.bounds, self.active_at, prefills, strict=True)
         ]
 
+    def add_arrivals(
+        self, total: list[float], weight: float, prefills: list[float], now: float, window_s: float
+    ) -> list[float]:
+        """`total` + `weight` × `self.arrivals(prefills, now, window_s)`, in one pass."""
+        exp = math.exp
+        return [
+            t + weight * ((bound * exp(-(now - at) / window_s) / window_s if bound else 0.0)
+                          * (p * p))
+            for t, bound, at, p in zip(total, self.bounds, self.active_at, prefills, strict=True)
+        ]  # fmt: skip
+
 
 class Estimates:
     """Each pod's estimate at the θ decisions use, and the candidate lists' rankings."""

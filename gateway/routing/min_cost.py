@@ -72,20 +72,13 @@ class MinCostPicker:
         return [pods[i] for i in order]
 
     def _total(self, request: RoutingRequest, terms: DecisionTerms) -> list[float]:
-        """Each candidate's weighted sum of its costs, in the scorers' order (each sum a
-        comprehension: floats added inline beat `map(operator.add, …)`)."""
-        weighted = [(s.weight, s.costs(request, terms)) for s in self.costs if s.weight]
-        if not weighted:
-            return [0.0] * len(terms.names)
-        weight, costs = weighted[0]
-        rest = weighted[1:]
-        if weight == 1.0 and len(rest) == 2:  # the default path: one pass for the three
-            (w1, c1), (w2, c2) = rest
-            return [a + w1 * b + w2 * c for a, b, c in zip(costs, c1, c2, strict=True)]
-        total = list(costs) if weight == 1.0 else [weight * cost for cost in costs]
-        for weight, costs in rest:
-            total = [t + weight * cost for t, cost in zip(total, costs, strict=True)]
-        return total
+        """Each candidate's weighted sum of its costs, in the scorers' order (each scorer
+        adds its own to the sum in one pass: no list of costs apart)."""
+        total: list[float] | None = None
+        for scorer in self.costs:
+            if scorer.weight:
+                total = scorer.add(total, request, terms)
+        return [0.0] * len(terms.names) if total is None else total
 
     def _probed(self, order: list[int], names: Sequence[str]) -> int | None:
         """Now and then a stale pod goes first, taken out of `order` (the most avoided of
