@@ -96,6 +96,10 @@ class Estimates:
         self._at = -math.inf
         self._version = 0
         self._rankings: dict[tuple[str, ...], Ranking] = {}
+        self._last: tuple[Sequence[str] | None, Ranking | None] = (None, None)
+        """The names last ranked (the registry's cached tuple, as a rule) and their ranking:
+        the next decision for that tuple finds it by identity, without hashing 64 names
+        (then checked as one found by key)."""
 
     @property
     def step_term(self) -> float:
@@ -150,8 +154,10 @@ class Estimates:
         self.theta_for(now)
         book = self._book
         book.expire_due(now)
-        key = tuple(pod.name for pod in pods) if names is None else tuple(names)
-        ranking = self._rankings.get(key)
+        last_names, ranking = self._last
+        if names is not last_names or type(names) is not tuple:  # (a list may have changed)
+            key = tuple(pod.name for pod in pods) if names is None else tuple(names)
+            ranking = self._rankings.get(key)
         scraped = [pod.scraped_at for pod in pods]
         if (
             ranking is None
@@ -161,9 +167,11 @@ class Estimates:
             or (ranking.pods is not pods and ranking.pods != tuple(pods))
         ):
             # kept as a tuple: the registry's cached candidates are one, compared by identity
+            key = tuple(pod.name for pod in pods) if names is None else tuple(names)
             ranking = self._build(key, tuple(pods), scraped, now)
         elif ranking.position < len(book.changes):
             self._refresh(ranking, pods)
+        self._last = (names, ranking)
         return ranking
 
     def _refresh(self, ranking: Ranking, pods: Sequence[ScrapedPod]) -> None:
