@@ -59,7 +59,7 @@ class Ranking:
         """Each candidate's bound arrival rate as of `now` (`Predictor.bound_rate`)."""
         exp = math.exp
         return [
-            bound * exp(-(now - at) / window_s) / window_s if bound else 0.0
+            bound * exp((at - now) / window_s) / window_s if bound else 0.0
             for bound, at in zip(self.bounds, self.active_at, strict=True)
         ]
 
@@ -67,7 +67,7 @@ class Ranking:
         """`costs.arrivals(prefills, self.rates(now, window_s))`, in one pass."""
         exp = math.exp
         return [
-            (bound * exp(-(now - at) / window_s) / window_s if bound else 0.0) * (p * p)
+            (bound * exp((at - now) / window_s) / window_s if bound else 0.0) * (p * p)
             for bound, at, p in zip(self.bounds, self.active_at, prefills, strict=True)
         ]
 
@@ -77,7 +77,7 @@ class Ranking:
         """`total` + `weight` × `self.arrivals(prefills, now, window_s)`, in one pass."""
         exp = math.exp
         return [
-            t + weight * ((bound * exp(-(now - at) / window_s) / window_s if bound else 0.0)
+            t + weight * ((bound * exp((at - now) / window_s) / window_s if bound else 0.0)
                           * (p * p))
             for t, bound, at, p in zip(total, self.bounds, self.active_at, prefills, strict=True)
         ]  # fmt: skip
