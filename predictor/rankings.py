@@ -181,7 +181,11 @@ class Estimates:
         bases, units, ends, waits = ranking.bases, ranking.units, ranking.ends, ranking.waits
         bounds, active_at = ranking.bounds, ranking.active_at
         current = self.estimate
+        previous = None
         for changed in changes[ranking.position :]:
+            if changed is previous:  # a pod changed twice in a row (a request's start)
+                continue
+            previous = changed
             at = index.get(changed.name)
             if at is None:
                 continue
