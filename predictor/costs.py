@@ -17,14 +17,16 @@ def affine_costs(
 ) -> tuple[list[float], list[float]]:
     """Per pod: (TTFT, own prefill) = (base + prefill + θ5 · max(0, end − now), unit · own
     uncached tokens)."""
-    prefills = [
-        unit * own if (own := prompt_tokens - held) > 0.0 else 0.0
-        for unit, held in zip(units, cached, strict=True)
-    ]
-    ttfts = [
-        base + prefill + step_term * remaining if (remaining := end - now) > 0.0 else base + prefill
-        for base, prefill, end in zip(bases, prefills, ends, strict=True)
-    ]
+    ttfts: list[float] = []
+    prefills: list[float] = []
+    add_ttft, add_prefill = ttfts.append, prefills.append
+    # one loop (a fifth faster than a comprehension per list)
+    for base, unit, end, held in zip(bases, units, ends, cached, strict=True):
+        own = prompt_tokens - held
+        prefill = unit * own if own > 0.0 else 0.0
+        remaining = end - now
+        add_ttft(base + prefill + step_term * remaining if remaining > 0.0 else base + prefill)
+        add_prefill(prefill)
     return ttfts, prefills
 
 
@@ -60,6 +62,8 @@ def near_ties(order: list[int], costs: list[float], tolerance: float) -> int:
 def most_cached_first(order: list[int], ties: int, cached: list[float]) -> int:
     """Puts the first `ties` of `order` in descending order of `cached` (equal ones as they
     were), in place; returns how many of them hold as much as the first."""
+    if ties == 1:  # (most decisions: one pod is best by more than the tolerance)
+        return 1
     head = order[:ties]
     head.sort(key=cached.__getitem__, reverse=True)  # stable: equal ones keep their order
     order[:ties] = head

@@ -59,7 +59,7 @@ class Ranking:
         """Each candidate's bound arrival rate as of `now` (`Predictor.bound_rate`)."""
         exp = math.exp
         return [
-            bound * exp(-(now - at) / window_s) / window_s if bound else 0.0
+            bound * exp((at - now) / window_s) / window_s if bound else 0.0
             for bound, at in zip(self.bounds, self.active_at, strict=True)
         ]
 
@@ -67,9 +67,20 @@ class Ranking:
         """`costs.arrivals(prefills, self.rates(now, window_s))`, in one pass."""
         exp = math.exp
         return [
-            (bound * exp(-(now - at) / window_s) / window_s if bound else 0.0) * (p * p)
+            (bound * exp((at - now) / window_s) / window_s if bound else 0.0) * (p * p)
             for bound, at, p in zip(self.bounds, self.active_at, prefills, strict=True)
         ]
+
+    def add_arrivals(
+        self, total: list[float], weight: float, prefills: list[float], now: float, window_s: float
+    ) -> list[float]:
+        """`total` + `weight` × `self.arrivals(prefills, now, window_s)`, in one pass."""
+        exp = math.exp
+        return [
+            t + weight * ((bound * exp((at - now) / window_s) / window_s if bound else 0.0)
+                          * (p * p))
+            for t, bound, at, p in zip(total, self.bounds, self.active_at, prefills, strict=True)
+        ]  # fmt: skip
 
 
 class Estimates:
@@ -85,6 +96,10 @@ class Estimates:
         self._at = -math.inf
         self._version = 0
         self._rankings: dict[tuple[str, ...], Ranking] = {}
+        self._last: tuple[Sequence[str] | None, Ranking | None] = (None, None)
+        """The names last ranked (the registry's cached tuple, as a rule) and their ranking:
+        the next decision for that tuple finds it by identity, without hashing 64 names
+        (then checked as one found by key)."""
 
     @property
     def step_term(self) -> float:
@@ -139,8 +154,10 @@ class Estimates:
         self.theta_for(now)
         book = self._book
         book.expire_due(now)
-        key = tuple(pod.name for pod in pods) if names is None else tuple(names)
-        ranking = self._rankings.get(key)
+        last_names, ranking = self._last
+        if names is not last_names or type(names) is not tuple:  # (a list may have changed)
+            key = tuple(pod.name for pod in pods) if names is None else tuple(names)
+            ranking = self._rankings.get(key)
         scraped = [pod.scraped_at for pod in pods]
         if (
             ranking is None
@@ -150,9 +167,11 @@ class Estimates:
             or (ranking.pods is not pods and ranking.pods != tuple(pods))
         ):
             # kept as a tuple: the registry's cached candidates are one, compared by identity
+            key = tuple(pod.name for pod in pods) if names is None else tuple(names)
             ranking = self._build(key, tuple(pods), scraped, now)
         elif ranking.position < len(book.changes):
             self._refresh(ranking, pods)
+        self._last = (names, ranking)
         return ranking
 
     def _refresh(self, ranking: Ranking, pods: Sequence[ScrapedPod]) -> None:
@@ -162,7 +181,11 @@ class Estimates:
         bases, units, ends, waits = ranking.bases, ranking.units, ranking.ends, ranking.waits
         bounds, active_at = ranking.bounds, ranking.active_at
         current = self.estimate
+        previous = None
         for changed in changes[ranking.position :]:
+            if changed is previous:  # a pod changed twice in a row (a request's start)
+                continue
+            previous = changed
             at = index.get(changed.name)
             if at is None:
                 continue

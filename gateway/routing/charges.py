@@ -25,6 +25,21 @@ class CostScorer(Protocol):
         """Per candidate of `terms`, in its order, seconds of cost."""
         ...
 
+    def add(
+        self, total: list[float] | None, request: RoutingRequest, terms: DecisionTerms
+    ) -> list[float]:
+        """`total` (None: nothing yet) plus `weight` × `costs`, per candidate: the same
+        floats, in one pass (what the picker sums by; `total` is not changed)."""
+        ...
+
+
+def weighted(total: list[float] | None, weight: float, costs: list[float]) -> list[float]:
+    """`total` + `weight` × `costs` (`total` None: `weight` × `costs`; `costs` itself at
+    weight 1, not to be changed)."""
+    if total is None:
+        return costs if weight == 1.0 else [weight * cost for cost in costs]
+    return [t + weight * cost for t, cost in zip(total, costs, strict=True)]
+
 
 class TtftCost:
     """The predicted time to first byte (as if the shared prefix were held, for a first
@@ -35,6 +50,11 @@ class TtftCost:
 
     def costs(self, request: RoutingRequest, terms: DecisionTerms) -> list[float]:
         return terms.base
+
+    def add(
+        self, total: list[float] | None, request: RoutingRequest, terms: DecisionTerms
+    ) -> list[float]:
+        return weighted(total, self.weight, terms.base)
 
 
 class DelayCost:
@@ -48,14 +68,29 @@ class DelayCost:
         self.weight = weight
 
     def costs(self, request: RoutingRequest, terms: DecisionTerms) -> list[float]:
+        return delays(self._delaying(request, terms), terms.ranking.waits)
+
+    def add(
+        self, total: list[float] | None, request: RoutingRequest, terms: DecisionTerms
+    ) -> list[float]:
+        delaying, weight = self._delaying(request, terms), self.weight
+        if total is None:
+            return weighted(None, weight, delays(delaying, terms.ranking.waits))
+        return [  # `weighted(total, weight, self.costs(…))` in one pass
+            t + weight * (wait * prefill)
+            for t, wait, prefill in zip(total, terms.ranking.waits, delaying, strict=True)
+        ]
+
+    @staticmethod
+    def _delaying(request: RoutingRequest, terms: DecisionTerms) -> list[float]:
+        """Per candidate, the prefill that holds up those admitted with it."""
         chunk, tokens = float(CHUNK_TOKENS), float(request.prompt_tokens)
-        delaying = terms.prefills
-        if tokens > chunk:  # (a pod's own uncached tokens are at most the prompt's)
-            delaying = [
-                prefill * min(1.0, chunk / own) if (own := tokens - held) > 0 else prefill
-                for prefill, held in zip(delaying, terms.cached, strict=True)
-            ]
-        return delays(delaying, terms.ranking.waits)
+        if tokens <= chunk:  # (a pod's own uncached tokens are at most the prompt's)
+            return terms.prefills
+        return [
+            prefill * min(1.0, chunk / own) if (own := tokens - held) > 0 else prefill
+            for prefill, held in zip(terms.prefills, terms.cached, strict=True)
+        ]
 
 
 class ArrivalCost:
@@ -71,3 +106,12 @@ class ArrivalCost:
 
     def costs(self, request: RoutingRequest, terms: DecisionTerms) -> list[float]:
         return terms.ranking.arrivals(terms.prefills, terms.now, self._window_s)
+
+    def add(
+        self, total: list[float] | None, request: RoutingRequest, terms: DecisionTerms
+    ) -> list[float]:
+        if total is None:
+            return weighted(None, self.weight, self.costs(request, terms))
+        return terms.ranking.add_arrivals(
+            total, self.weight, terms.prefills, terms.now, self._window_s
+        )

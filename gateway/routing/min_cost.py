@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from itertools import repeat
-from operator import add, mul
 
 from gateway.control.registry import PodState
 from gateway.routing.charges import CostScorer
@@ -74,17 +72,12 @@ class MinCostPicker:
         return [pods[i] for i in order]
 
     def _total(self, request: RoutingRequest, terms: DecisionTerms) -> list[float]:
-        """Each candidate's weighted sum of its costs, in the scorers' order."""
+        """Each candidate's weighted sum of its costs, in the scorers' order (each scorer
+        adds its own to the sum in one pass: no list of costs apart)."""
         total: list[float] | None = None
         for scorer in self.costs:
-            weight = scorer.weight
-            if not weight:
-                continue
-            costs = scorer.costs(request, terms)
-            if total is None:
-                total = list(costs) if weight == 1.0 else [weight * cost for cost in costs]
-            else:
-                total = list(map(add, total, map(mul, repeat(weight), costs)))
+            if scorer.weight:
+                total = scorer.add(total, request, terms)
         return [0.0] * len(terms.names) if total is None else total
 
     def _probed(self, order: list[int], names: Sequence[str]) -> int | None:
