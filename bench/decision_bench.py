@@ -43,7 +43,8 @@ from bench.results_io import (
 from gateway.control.discovery import Pod
 from gateway.control.registry import PodRegistry, PodState
 from gateway.routing.metrics import RouterMetrics
-from gateway.routing.router import Kind, Routed, Router, build_policies
+from gateway.routing.routed import Routed
+from gateway.routing.router import Kind, Router, build_policies
 from gateway.runtime import tune_gc
 from gateway.settings import Settings
 from indexer import IndexConfig, SyncPrefixHashTable

@@ -32,7 +32,8 @@ from gateway.http.turn import (
     Turn,
     parse_json,
 )
-from gateway.routing.router import Kind, Routed
+from gateway.routing.routed import Routed
+from gateway.routing.router import Kind
 from gateway.state import GatewayState, state_of
 from gateway.upstream.proxy import ClientWatch, ProxyRequest
 from subscriber import Phase

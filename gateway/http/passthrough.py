@@ -25,7 +25,7 @@ from gateway.control.registry import PodState
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, clip
 from gateway.http.api import read_json, requested_policy, slo_tpot, slo_ttft
 from gateway.routing import RoutingProfile, RoutingRequest
-from gateway.routing.router import Routed
+from gateway.routing.routed import Routed
 from gateway.state import GatewayState, state_of
 from gateway.upstream.proxy import ClientWatch, ProxyRequest
 

@@ -19,7 +19,8 @@ from gateway.control.pinning.session import PIN_HEADER, PIN_TOKEN_HEADER, sessio
 from gateway.control.registry import PodState
 from gateway.errors import BadRequest
 from gateway.routing import RoutingProfile
-from gateway.routing.router import Kind, Routed
+from gateway.routing.routed import Routed
+from gateway.routing.router import Kind
 from gateway.state import GatewayState
 from gateway.upstream.tokenizer import is_token_ids
 from gateway.upstream.usage import UsageMeter

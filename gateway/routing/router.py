@@ -5,14 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from gateway.control.registry import PodRegistry, PodState
 from gateway.errors import BadRequest, ModelNotFound, NoRoutablePod, SloUnreachable, clip
 from gateway.routing import (
-    Decision,
-    Prediction,
     Predictor,
     RoutingProfile,
     RoutingRequest,
@@ -24,43 +21,16 @@ from gateway.routing.metrics import RouterMetrics
 from gateway.routing.policies import build_policies, plugin_context
 from gateway.routing.prediction_log import log_prediction, prediction_logger
 from gateway.routing.prompt_size import PromptSizes
+from gateway.routing.routed import DecisionSink, Routed
 from gateway.settings import AIBRIX_STRATEGIES
 from gateway.upstream.prompt_tokenizer import PromptTokenizer
 from gateway.upstream.tokenizer import TokenizeInput, TokenizerError
 from indexer import ModelContext, SyncPrefixHashTable
 
-__all__ = ["DecisionSink", "Kind", "Routed", "Router", "build_policies", "log_prediction",
-           "opens_conversation", "plugin_context", "preamble_share",
-           "prediction_logger"]  # fmt: skip
+__all__ = ["Kind", "Router", "build_policies", "log_prediction", "opens_conversation",
+           "plugin_context", "preamble_share", "prediction_logger"]  # fmt: skip
 
 Kind = Literal["chat", "completion"]
-
-
-@dataclass(slots=True)
-class Routed:
-    decision: Decision
-    request: RoutingRequest
-    ticket: Ticket | None = None
-    """The request's work on the pod it was sent to (the cost model's bookkeeping)."""
-
-    @property
-    def prefix_hashes(self) -> Sequence[int]:
-        return self.request.prefix_hashes
-
-    def matched_blocks(self, pod: str) -> int:
-        match = self.request.match
-        return match.matched(pod) if match is not None else 0
-
-    def prediction(self, pod: str) -> Prediction | None:
-        return self.decision.predictions.get(pod)
-
-
-class DecisionSink(Protocol):
-    """Hears of every routed request's life (the replica sync shares it with the peers)."""
-
-    def decided(self, ticket: Ticket, context: ModelContext, hashes: Sequence[int]) -> None: ...
-    def answered(self, ticket: Ticket) -> None: ...
-    def finished(self, ticket: Ticket) -> None: ...
 
 
 class Router:
@@ -179,13 +149,7 @@ class Router:
         where the model is tokenized in-process (it costs no engine anything)."""
         model = body["model"]
         context = self._registry.context(model)
-        # `serving`'s: taken before any await
-        names = self._registry.serving_names(model)
-        routable, routable_names = self._registry.routable_serving(model)
-        if only is not None:  # `serving` is already the subset
-            names = tuple(state.name for state in serving)
-            routable = tuple(state for state in routable if only(state))
-            routable_names = tuple(state.name for state in routable)
+        names, routable, routable_names = self._candidates(model, serving, only)
         hashes: list[int] = []
         tokens: list[int] | None = None
         if prefix or await self._tokenizes_locally(model):
@@ -221,6 +185,18 @@ class Router:
             routable=routable,
             routable_names=routable_names,
         )
+
+    def _candidates(
+        self, model: str, serving: list[PodState], only: Callable[[PodState], bool] | None
+    ) -> tuple[tuple[str, ...], tuple[PodState, ...], tuple[str, ...]]:
+        """`serving`'s names, and the routable pods among them with their names (taken
+        before any await); `only`: `serving` is already the subset."""
+        routable, routable_names = self._registry.routable_serving(model)
+        if only is None:
+            return self._registry.serving_names(model), routable, routable_names
+        routable = tuple(state for state in routable if only(state))
+        names = tuple(state.name for state in serving)
+        return names, routable, tuple(state.name for state in routable)
 
     def _decide(
         self,

@@ -29,7 +29,8 @@ from gateway.control.registry import PodRegistry
 from gateway.errors import SloUnreachable
 from gateway.routing import RoutingRequest
 from gateway.routing.metrics import RouterMetrics
-from gateway.routing.router import Routed, Router, build_policies
+from gateway.routing.routed import Routed
+from gateway.routing.router import Router, build_policies
 from gateway.settings import Settings
 from indexer import IndexConfig, ModelContext, SyncPrefixHashTable
 from predictor import Predictor

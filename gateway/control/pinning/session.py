@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.control.registry import PodState
 from gateway.errors import BadRequest, Forbidden, clip
-from gateway.routing.router import Kind, Routed
+from gateway.routing.routed import Routed
+from gateway.routing.router import Kind
 from gateway.settings import Settings
 
 if TYPE_CHECKING:
