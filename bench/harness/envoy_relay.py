@@ -40,6 +40,8 @@ class Relayed:
 
     answer: ChatAnswer
     endpoint: str | None = None
+    picked: float | None = None
+    """When the picker named the endpoint (the clock's time)."""
 
 
 class _Lines:
@@ -118,7 +120,7 @@ class EnvoyRelay:
         if endpoint is None:
             answer.error, answer.failure = f"the picker named no endpoint: {answers}", "reset"
             return
-        relayed.endpoint = endpoint
+        relayed.endpoint, relayed.picked = endpoint, self._clock()
         forwarded = b"".join(a.body for a in answers if a.body is not None)
         await self._forward(stream, endpoint, path, forwarded, headers, answer)
 
@@ -139,6 +141,7 @@ class EnvoyRelay:
             async with client.stream(
                 "POST", f"http://{endpoint}{path}", content=content, headers=sent
             ) as response:
+                answer.headers = response.headers  # the pod's, as Envoy passes them on
                 await stream.response_headers(response.status_code, served=endpoint)
                 back = asyncio.create_task(self._back(stream, response.status_code, answer))
                 try:

@@ -170,7 +170,8 @@ async def _through_picker(
         error = "no generated text in the stream"
     record = RequestRecord.of(answer, error=error, conversation=conversation.conversation_id,
                               tag=conversation.tag, turn=index)  # fmt: skip
-    return dataclasses.replace(record, pod=relayed.endpoint)
+    pick_s = None if relayed.picked is None else relayed.picked - answer.started
+    return dataclasses.replace(record, pod=relayed.endpoint, pick_s=pick_s)
 
 
 CLIENT_SHARDS = 8

@@ -84,6 +84,7 @@ def test_a_tiny_run_in_both_modes_routes_through_the_picker_to_the_pods(
     assert len(records) == expected
     assert all(r["status"] == 200 and r["error"] is None for r in records)
     assert {r["pod"] for r in records} <= endpoints  # answered by the picked pods
+    assert all(0 < r["pick_s"] < r["ttft_s"] for r in records)
     assert (logs / "router-prefix-cache-epp.log").exists()
     for label in runs:
         assert f"\n{label} " in out.stdout  # a row of the table each

@@ -44,6 +44,8 @@ async def test_streamed_answers_come_back_whole_and_feed_the_picker(
         assert answer.usage_int("completion_tokens") == len(answer.text) == 4
         assert answer.ttft_s is not None and 0 < answer.ttft_s <= answer.ended - answer.started
         assert each.endpoint in picker.endpoints()
+        assert each.picked is not None  # the pick comes first, within the TTFT
+        assert answer.started < each.picked < answer.started + answer.ttft_s
     assert await _inflight(picker) == 0  # each answer's end released its booking
     first_bytes = f'kvgate_time_to_first_byte_seconds_count{{model="{MODEL}"}}'
     assert await picker.metric(first_bytes) == 3  # the cost model saw each first byte
