@@ -602,6 +602,11 @@ def _line(result: RunResult) -> str:
             if result.prediction
             else ""
         )
+        + (
+            f", pick p50/p90 {result.pick_ms['p50']:,.0f}/{result.pick_ms['p90']:,.0f} ms"
+            if result.pick_ms
+            else ""
+        )
     )
 
 

@@ -80,6 +80,10 @@ class RunResult:
     engine_prompt_share: dict[str, float] = field(default_factory=dict)
     """Each engine's share of the prompt tokens (what it was asked to serve, cached or
     not)."""
+    pick_ms: dict[str, float] = field(default_factory=dict)
+    """Through the endpoint picker: p50 / p90 / p99 / mean of the time from the send to
+    the endpoint named (each record's `pick_s`), model ms, a part of the TTFT; empty for a
+    proxy."""
     via: str = "proxy"
     """How the load reached the engines (`--mode`): `proxy`, through the router; `epp`,
     picked by `kvgate epp` over ext_proc and sent straight to the engine, as Envoy does."""
@@ -166,6 +170,7 @@ def summarize(
         duration_s=duration,
         first_errors=[r.error for r in records if r.error is not None][:3],
         prediction=_prediction(ok, scale_ms),
+        pick_ms=_stats(picks, scale_ms) if (picks := [r.pick_s for r in ok if r.pick_s]) else {},
         tpot_met=None if slo_tpot_ms is None else _met(ok, slo_tpot_ms / scale_ms),
         trace_speed=trace_speed,
         real_engines=real_engines,

@@ -33,11 +33,12 @@ def test_the_picker_is_judged_against_the_proxy_by_hit_rate_and_spread() -> None
     assert lines == [
         "  ✓ prefix-cache@epp: hit rate within 2 points of the proxy's: 58.5% vs 60.0% "
         "(-1.5 points)",
-        "  ✓ prefix-cache@epp: TTFT p90 the proxy's within the spread: 230 vs 200 ms, "
-        "apart 30, spread 60 ms",
+        "  ✓ prefix-cache@epp: TTFT p90 the proxy's within the spread (the rounds' ranges "
+        "overlap): 230 (210–250) vs 200 (180–240) ms",
     ]
-    far = dataclasses.replace(picked, hit_rate=0.55, ttft_ms={**picked.ttft_ms, "p90": 300.0})
-    assert [line[:3] for line in epp_targets([proxy, far], spreads)] == ["  ✗", "  ✗"]
+    far = dataclasses.replace(picked, hit_rate=0.55)
+    apart = {**spreads, "prefix-cache@epp": {"ttft_p90": [245.0, 300.0]}}
+    assert [line[:3] for line in epp_targets([proxy, far], apart)] == ["  ✗", "  ✗"]
     one_round = epp_targets([proxy, picked])
     assert one_round[1] == ("  · prefix-cache@epp: TTFT p90 230 vs the proxy's 200 ms "
                             "(one round: no spread to judge it by)")  # fmt: skip
@@ -71,6 +72,9 @@ def test_a_tiny_run_in_both_modes_routes_through_the_picker_to_the_pods(
     runs = {run["label"]: run for run in document["runs"]}
     assert set(runs) == {"prefix-cache", "prefix-cache@epp"}
     assert runs["prefix-cache@epp"]["via"] == "epp" and runs["prefix-cache"]["via"] == "proxy"
+    picks = runs["prefix-cache@epp"]["pick_ms"]
+    assert 0 < picks["p50"] <= picks["p90"] < runs["prefix-cache@epp"]["ttft_ms"]["p99"]
+    assert runs["prefix-cache"]["pick_ms"] == {}  # the proxy's decision is not apart
     expected = document["fleets"]["chat"]["requests"]
     for run in runs.values():
         assert run["requests"] == expected and run["errors"] == 0
