@@ -174,6 +174,10 @@ async def _through_picker(
     return dataclasses.replace(record, pod=relayed.endpoint, pick_s=pick_s)
 
 
+ENGINE_KEEPALIVE_S = 4.0
+"""Through a picker the requests go straight to the engines, which close a connection idle
+for 5 s (uvicorn's default): reused at that moment, it fails the request being sent (an
+httpx ReadError). Dropped sooner, as kvgate's own upstream pool drops them (4 s)."""
 CLIENT_SHARDS = 8
 """httpx clients the requests take in turn. One client's connection pool re-examines every
 connection for every request it starts and every response it ends (httpcore 1.0: quadratic
@@ -183,10 +187,15 @@ a stall measured as the router's TTFT. Sharded, each pool holds an eighth of the
 
 
 class ClientShards:
-    """`CLIENT_SHARDS` httpx clients, handed out in turn."""
+    """`CLIENT_SHARDS` httpx clients, handed out in turn; an idle connection is dropped
+    after `keepalive_s`."""
 
-    def __init__(self, spec: LoadSpec, shards: int = CLIENT_SHARDS) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    def __init__(
+        self, spec: LoadSpec, shards: int = CLIENT_SHARDS, *, keepalive_s: float = 5.0
+    ) -> None:
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=256, keepalive_expiry=keepalive_s
+        )
         timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
         self.clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(shards)]
         self._turn = 0
@@ -203,7 +212,7 @@ class ClientShards:
 async def run(spec: LoadSpec, script: Script) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     router = spec.urls()
-    clients = ClientShards(spec)
+    clients = ClientShards(spec, keepalive_s=ENGINE_KEEPALIVE_S if spec.picker else 5.0)
     envoy = EnvoyClient(spec.picker) if spec.picker else None
     relay = None if envoy is None else EnvoyRelay(envoy, clients, timeout_s=spec.timeout_s)
     try:
