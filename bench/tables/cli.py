@@ -39,7 +39,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "routing-real-vllm": routing.real_vllm,
     "routing-replicas": routing.replicas,
     "routing-replica-kill": routing.replica_kill,
-    "routing-epp": routing.epp,
     "chaos": components.chaos,
     "soak": components.soak,
     "pin-depth": components.pin_depth,

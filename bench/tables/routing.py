@@ -197,29 +197,3 @@ def replica_kill(results: Path) -> str:
     head = ["workload", "lost on the killed replica", "failed elsewhere", "replacement ready"]
     window = "replacement vs survivors: hit rate, TTFT p90"
     return table([*head, f"{window}, first 10 s", "after 10 s"], rows)
-
-
-def _router_cpu(run: Run) -> float:
-    return float(run["router_cpu_ms_per_request"])
-
-
-def _pick(p: str) -> Figure:
-    return lambda run: float(run.get("pick_ms", {}).get(p, float("nan")))
-
-
-def epp(results: Path) -> str:
-    """Each policy through the proxy and through the endpoint picker (`--mode proxy,epp`)."""
-    rows = [
-        (f"{workload} ({r[0]['requests']:,} requests)", router, cell(r, hit, _pct),
-         f"{cell(r, ttft('p50'))} / {cell(r, ttft('p90'))} / {cell(r, ttft('p99'))}",
-         _picks(r), cell(r, _router_cpu, lambda v: num(v, 1)))
-        for workload, router, r in groups(runs(results, "epp"))
-    ]  # fmt: skip
-    head = ["workload", "router", "hit rate", "TTFT p50 / p90 / p99", "of which the pick p50 / p90"]
-    return table([*head, "router CPU ms / request"], rows)
-
-
-def _picks(rounds: Sequence[Run]) -> str:
-    if not rounds[0].get("pick_ms"):
-        return "—"
-    return f"{cell(rounds, _pick('p50'))} / {cell(rounds, _pick('p90'))}"
