@@ -142,6 +142,8 @@ class RequestRecord:
     """kvgate's predicted time per output token there (`x-kvgate-predicted-tpot-ms`)."""
     router_url: str = ""
     """Which router (gateway replica) the request was sent to, when there are several."""
+    pick_s: float | None = None
+    """Through an endpoint picker: seconds from sending the request to the endpoint named."""
 
     @property
     def e2e_s(self) -> float:

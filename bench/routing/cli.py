@@ -13,7 +13,7 @@ from pathlib import Path
 from bench.results_io import results_dir
 from bench.routing.engines import REAL_SIZE, REAL_TRACE_SCALE, EngineChoice
 from bench.routing.fleet import TRACE_WALL_RATE, WALL_RATE
-from bench.routing.routers import BASELINES, KVGATE_POLICIES, PEERS
+from bench.routing.routers import BASELINES, KVGATE_POLICIES, PEERS, VIAS
 from bench.routing.trace import TraceError, TraceSpec, load_trace
 from bench.routing.workloads import WORKLOADS, WorkloadSize
 
@@ -149,6 +149,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="a routing config (TOML or YAML, docs/routing.md) laid over the built-in "
         "policies of every kvgate in the run: its profiles can be named in --routers and "
         "the run folder keeps a copy (default: $KVGATE_ROUTING_CONFIG)",
+    )
+    add(
+        "--mode",
+        type=_names(VIAS),
+        default=["proxy"],
+        metavar="proxy|epp[,...]",
+        help="how the load reaches kvgate's policies: proxy (through kvgate serve, the "
+        "default) or epp (kvgate epp picks over Envoy's ext_proc, the load generator plays "
+        "Envoy and sends each request straight to the picked engine; one replica); "
+        "proxy,epp runs each policy both ways, side by side (NAME@epp). The oracle, "
+        "sticky-rr and the peers run as proxies only",
     )
     add(
         "--peers",
@@ -366,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
         repeat=args.repeat,
         routing_config=args.routing_config,
         config_profiles=config_profiles,
+        vias=tuple(dict.fromkeys(args.mode)),
     )
     return run_routing(options)
 

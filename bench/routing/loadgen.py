@@ -2,15 +2,18 @@
 
 It rebuilds the script from the spec (same workload, size and seed: the same requests),
 sends them to the router as streamed chat completions and writes one record per request
-to OUT (JSON). `open`: every request at its time from `script.schedule`, so a slow router
-builds a queue rather than slowing the arrivals down; `closed`: `concurrency` users, each
-running conversations back to back (they join one by one over `ramp_s`). Spec and script
-times are model seconds, divided here by the time scale.
+to OUT (JSON); with a `picker`, through it as Envoy sends them (`EnvoyRelay`: the pick
+over ext_proc, then straight to the picked engine). `open`: every request at its time
+from `script.schedule`, so a slow router builds a queue rather than slowing the arrivals
+down; `closed`: `concurrency` users, each running conversations back to back (they join
+one by one over `ramp_s`). Spec and script times are model seconds, divided here by the
+time scale.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import time
@@ -20,10 +23,14 @@ from typing import Any
 
 import httpx
 
+from bench.harness.envoy_relay import EnvoyRelay
 from bench.harness.streaming import RequestRecord, post_chat
 from bench.routing.script import Conversation, Script, schedule
 from bench.routing.trace import TraceSpec
 from bench.routing.workloads import WorkloadSize, script_of
+from gateway.epp.client import EnvoyClient
+
+CHAT = "/v1/chat/completions"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,9 @@ class LoadSpec:
     """A replayed trace: the workload's requests."""
     vocabulary: tuple[str, ...] | None = None
     """The single-token words a trace's prompts are written in (None: the simulator's)."""
+    picker: str = ""
+    """An endpoint picker's gRPC target (`host:port`, `kvgate epp`): each request goes
+    through it as Envoy sends it, then to the engine it picks; empty: to the router."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -117,6 +127,7 @@ async def send(
     conversation: Conversation,
     index: int,
     router: RouterUrls,
+    relay: EnvoyRelay | None = None,
 ) -> RequestRecord:
     turn = conversation.turns[index]
     body = {
@@ -129,8 +140,10 @@ async def send(
     headers = {"x-session-id": conversation.conversation_id}
     if spec.slo_tpot_ms is not None:
         headers["x-slo-tpot-ms"] = f"{spec.slo_tpot_ms / spec.time_scale:.3f}"
+    if relay is not None:
+        return await _through_picker(relay, body, headers, conversation, index)
     url = router()
-    answer = await post_chat(client, f"{url}/v1/chat/completions", body, headers)
+    answer = await post_chat(client, f"{url}{CHAT}", body, headers)
     if answer.status is None or answer.failure == "cut":
         router.failed(url)
     error = answer.error
@@ -142,6 +155,29 @@ async def send(
     )  # fmt: skip
 
 
+async def _through_picker(
+    relay: EnvoyRelay,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    conversation: Conversation,
+    index: int,
+) -> RequestRecord:
+    """The request as Envoy sends it through the picker; its pod: the endpoint picked."""
+    relayed = await relay.post_chat(CHAT, body, headers)
+    answer = relayed.answer
+    error = answer.error
+    if error is None and not answer.token_times:
+        error = "no generated text in the stream"
+    record = RequestRecord.of(answer, error=error, conversation=conversation.conversation_id,
+                              tag=conversation.tag, turn=index)  # fmt: skip
+    pick_s = None if relayed.picked is None else relayed.picked - answer.started
+    return dataclasses.replace(record, pod=relayed.endpoint, pick_s=pick_s)
+
+
+ENGINE_KEEPALIVE_S = 4.0
+"""Through a picker the requests go straight to the engines, which close a connection idle
+for 5 s (uvicorn's default): reused at that moment, it fails the request being sent (an
+httpx ReadError). Dropped sooner, as kvgate's own upstream pool drops them (4 s)."""
 CLIENT_SHARDS = 8
 """httpx clients the requests take in turn. One client's connection pool re-examines every
 connection for every request it starts and every response it ends (httpcore 1.0: quadratic
@@ -151,10 +187,15 @@ a stall measured as the router's TTFT. Sharded, each pool holds an eighth of the
 
 
 class ClientShards:
-    """`CLIENT_SHARDS` httpx clients, handed out in turn."""
+    """`CLIENT_SHARDS` httpx clients, handed out in turn; an idle connection is dropped
+    after `keepalive_s`."""
 
-    def __init__(self, spec: LoadSpec, shards: int = CLIENT_SHARDS) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    def __init__(
+        self, spec: LoadSpec, shards: int = CLIENT_SHARDS, *, keepalive_s: float = 5.0
+    ) -> None:
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=256, keepalive_expiry=keepalive_s
+        )
         timeout = httpx.Timeout(spec.timeout_s, connect=10.0)
         self.clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(shards)]
         self._turn = 0
@@ -171,14 +212,21 @@ class ClientShards:
 async def run(spec: LoadSpec, script: Script) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     router = spec.urls()
-    clients = ClientShards(spec)
+    clients = ClientShards(spec, keepalive_s=ENGINE_KEEPALIVE_S if spec.picker else 5.0)
+    envoy = EnvoyClient(spec.picker) if spec.picker else None
+    relay = None if envoy is None else EnvoyRelay(envoy, clients, timeout_s=spec.timeout_s)
     try:
+        if envoy is not None:  # connected before the first request, as Envoy's is
+            async with asyncio.timeout(spec.timeout_s):
+                await envoy.wait_ready()
         prober = asyncio.create_task(router.probe(clients.clients[0]))
         try:
-            await _drive(spec, script, clients, records, router)
+            await _drive(spec, script, clients, records, router, relay)
         finally:
             prober.cancel()
     finally:
+        if envoy is not None:
+            await envoy.close()
         await clients.aclose()
     return records
 
@@ -189,12 +237,13 @@ async def _drive(
     clients: ClientShards,
     records: list[RequestRecord],
     router: RouterUrls,
+    relay: EnvoyRelay | None = None,
 ) -> None:
     """Send the script's requests (open or closed loop), appending each one's record."""
     scale = spec.time_scale
 
     async def one(conversation: Conversation, index: int) -> None:
-        records.append(await send(clients(), spec, conversation, index, router))
+        records.append(await send(clients(), spec, conversation, index, router, relay))
 
     if spec.mode == "open":
         origin = time.perf_counter()

@@ -66,7 +66,9 @@ def title(first: RunResult) -> str:
 
 def check_targets(results: Sequence[RunResult]) -> list[str]:
     """The routing issue's targets, where this run has what they compare (the default
-    policy is `prefix-cache`)."""
+    policy is `prefix-cache`), on the runs through the proxy (`epp_targets` compares the
+    picker's with them)."""
+    results = [r for r in results if r.via == "proxy"]
     replicated = [r for r in results if r.replicas > 1 and r.router == DEFAULT]
     results = [r for r in results if r.replicas == 1]
     by = {r.router: r for r in results}
@@ -152,6 +154,37 @@ def check_targets(results: Sequence[RunResult]) -> list[str]:
         error = best.prediction["rel_err_p90"]
         lines.append(_mark(error <= 0.25, "prediction |error| p90 ≤ 25 % of the observed TTFT",
                            f"{error:.0%}"))  # fmt: skip
+    return lines
+
+
+def epp_targets(
+    results: Sequence[RunResult], spreads: dict[str, dict[str, list[float]]] | None = None
+) -> list[str]:
+    """Through the endpoint picker, each kvgate policy routes as well as through the proxy:
+    hit rate within 2 points of the proxy's, and TTFT p90 the same within the spread — the
+    two ranges over the rounds overlap (`spreads`, by label; one round has no spread: the
+    p90s are shown, not judged)."""
+    proxied = {r.router: r for r in results if r.via == "proxy" and r.replicas == 1}
+    lines: list[str] = []
+    for picked in (r for r in results if r.via != "proxy"):
+        proxy = proxied.get(picked.router)
+        if proxy is None:
+            continue
+        gap = (picked.hit_rate - proxy.hit_rate) * 100
+        lines.append(_mark(abs(gap) <= 2, f"{picked.label}: hit rate within 2 points of the "
+                           f"proxy's", f"{picked.hit_rate:.1%} vs {proxy.hit_rate:.1%} "
+                           f"({gap:+.1f} points)"))  # fmt: skip
+        mine, theirs = picked.ttft_ms["p90"], proxy.ttft_ms["p90"]
+        ranges = [(spreads or {}).get(r.label, {}).get("ttft_p90") for r in (picked, proxy)]
+        if ranges[0] is None or ranges[1] is None:
+            lines.append(f"  · {picked.label}: TTFT p90 {mine:,.0f} vs the proxy's "
+                         f"{theirs:,.0f} ms (one round: no spread to judge it by)")  # fmt: skip
+            continue
+        (low, high), (their_low, their_high) = ranges[0], ranges[1]
+        lines.append(_mark(low <= their_high and their_low <= high, f"{picked.label}: TTFT "
+                           "p90 the proxy's within the spread (the rounds' ranges overlap)",
+                           f"{mine:,.0f} ({low:,.0f}–{high:,.0f}) vs {theirs:,.0f} "
+                           f"({their_low:,.0f}–{their_high:,.0f}) ms"))  # fmt: skip
     return lines
 
 

@@ -2,7 +2,9 @@
 
 - kvgate's policies: `kvgate serve --policy NAME`, a fresh gateway per run (no index or
   session state leaks from the previous router), ready when every subscriber is whole;
-  NAME is a built-in policy or a profile of the run's `--routing-config`.
+  NAME is a built-in policy or a profile of the run's `--routing-config`. Through the
+  picker (`via="epp"`, `--mode epp`): `kvgate epp --policy NAME`, its ext_proc gRPC port
+  the one after its HTTP port (`grpc_target`); the load generator plays Envoy.
 - `oracle` and `sticky-rr` (oracle.py, sticky_rr.py): benchmark-only baselines.
 - `sglang-router`, `vllm-router` (`--peers`): the PyPI packages in their own venvs under
   `bench/.venvs/NAME`, with `--policy cache_aware`. `HF_HUB_OFFLINE=1`: sglang-router
@@ -45,6 +47,9 @@ VLLM_LIKE_PEERS = ("vllm-router-kv-aware",)
 BASELINES = {"oracle": "bench.routing.oracle", "sticky-rr": "bench.routing.sticky_rr"}
 """Benchmark-only routers (their own processes): module to run, by router name."""
 VENVS = Path(__file__).resolve().parent.parent / ".venvs"
+VIAS = ("proxy", "epp")
+"""How the load reaches kvgate's engines (`--mode`): through `kvgate serve` as a proxy, or
+picked by `kvgate epp` over ext_proc and sent straight to the engine, as Envoy does."""
 
 
 class RouterProcess(ChildProcess):
@@ -59,6 +64,7 @@ class RouterProcess(ChildProcess):
         env: dict[str, str] | None = None,
         admin_token: str | None = None,
         relay: EventRelay | None = None,
+        grpc_port: int | None = None,
     ) -> None:
         super().__init__(name, log_path)
         self.command = command
@@ -67,6 +73,13 @@ class RouterProcess(ChildProcess):
         self.admin_token = admin_token
         self.relay = relay
         """The engines' KV events relayed for it (stopped with it)."""
+        self.grpc_port = grpc_port
+        """`kvgate epp`: its ext_proc port."""
+
+    @property
+    def grpc_target(self) -> str:
+        """The picker's gRPC target (`kvgate epp`); empty for a proxy."""
+        return "" if self.grpc_port is None else f"127.0.0.1:{self.grpc_port}"
 
     async def stop(self, grace_s: float = 5.0, sig: int | None = None) -> None:
         await super().stop(grace_s, sig)
@@ -109,6 +122,7 @@ def make_router(
     profiles: Collection[str] = KVGATE_POLICIES,
     engine_block_size: int = 16,
     tokenizers: str | None = None,
+    via: str = "proxy",
 ) -> RouterProcess:
     """Router `name` on a free port; `replica`: one of several kvgate replicas (own log).
     kvgate's cost model is told that its pods answer `prior_scale` times as slowly as its
@@ -116,18 +130,27 @@ def make_router(
     GPU. `profiles`: the names that are kvgate's policies, the built-ins and those
     `routing_config` (given to every kvgate) declares. `engine_block_size`: tokens per
     block of the engines' KV events (for the peers that read them). `tokenizers`: kvgate's
-    `KVGATE_TOKENIZERS` (its models' tokenizer files, to tokenize in-process)."""
+    `KVGATE_TOKENIZERS` (its models' tokenizer files, to tokenize in-process). `via`: `epp`
+    starts kvgate's policy as `kvgate epp` (one replica), its gRPC port `port + 1`."""
     port = free_port_block(2, rng)
-    log = log_dir / (f"router-{name}.log" if replica is None else f"router-{name}-{replica}.log")
+    stem = f"router-{name}" if via == "proxy" else f"router-{name}-{via}"
+    log = log_dir / (f"{stem}.log" if replica is None else f"{stem}-{replica}.log")
+    if via != "proxy" and (name not in profiles or replica is not None):
+        raise ValueError(f"{name!r} runs {via} as one kvgate replica only")
     if name in profiles:
         token = secrets.token_urlsafe(12)
         command = serve_command(pods_file, port, name)
+        grpc_port = None
+        if via == "epp":
+            command[command.index("serve")] = "epp"
+            grpc_port = port + 1
+            command += ["--grpc-port", str(grpc_port)]
         env = {"KVGATE_ADMIN_TOKEN": token, "KVGATE_COST_PRIOR_SCALE": f"{prior_scale:g}"}
         if routing_config is not None:
             env["KVGATE_ROUTING_CONFIG"] = str(routing_config)
         if tokenizers is not None:
             env["KVGATE_TOKENIZERS"] = tokenizers
-        return RouterProcess(name, command, log, port, env, token)
+        return RouterProcess(name, command, log, port, env, token, grpc_port=grpc_port)
     if name in BASELINES:
         command = [sys.executable, "-m", BASELINES[name], str(pods_file), str(port), block_hash]
         return RouterProcess(name, command, log, port)

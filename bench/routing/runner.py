@@ -53,6 +53,7 @@ from bench.routing.fleet import (
 from bench.routing.loadgen import LoadSpec
 from bench.routing.report import (
     check_targets,
+    epp_targets,
     format_table,
     plot_all,
     prediction_lines,
@@ -119,6 +120,10 @@ class RoutingOptions:
     """The simulated engines' flavour (`--engines sglang:N`: SGLang)."""
     trace_speed: float | None = None
     """Replay every trace this many times faster than recorded instead of at `loads`."""
+    vias: tuple[str, ...] = ("proxy",)
+    """How the load reaches the engines (`--mode`), each kvgate policy run once per way:
+    `proxy` (through `kvgate serve`), `epp` (picked by `kvgate epp`, sent straight to the
+    engine as Envoy does; one replica). Other routers run as proxies only."""
 
     def trace(self, workload: str) -> TraceSpec | None:
         """The trace workload `workload` replays, if it is one."""
@@ -185,12 +190,13 @@ async def _main(options: RoutingOptions) -> int:
                         if round_index % 2:
                             order.reverse()
                         point: list[RunResult] = []
-                        for router, (replicas, shared) in order:
+                        for router, (replicas, shared), via in order:
                             await fleet.before_run(client, fresh=bool(script.arrivals))
                             result, values, pairs = await _run_one(
                                 options, client, script, plan, fleet, router, load, rate,
                                 replicas, shared, ramp_s=ramp,
                                 vocabulary=real.vocabulary if real is not None else None,
+                                via=via,
                             )  # fmt: skip
                             result = dataclasses.replace(result, round=round_index)
                             point.append(result)
@@ -210,7 +216,8 @@ async def _main(options: RoutingOptions) -> int:
                     merged = _medians(rounds)
                     _report([m for m, _spread in merged],
                             f"{title(rounds[0][0])}: median of {options.repeat} rounds, "
-                            "the routers' order reversed in every other one")  # fmt: skip
+                            "the routers' order reversed in every other one",
+                            {m.label: spread for m, spread in merged})  # fmt: skip
                     print("spread over the rounds (lowest – highest):")
                     print("\n".join(_spread_line(m, spread) for m, spread in merged))
                     medians += [{**m.as_json(), "rounds": options.repeat, "spread": spread}
@@ -304,8 +311,13 @@ def _folder(workload: str) -> str:
     return workload.replace(":", "-")
 
 
-def _report(point: list[RunResult], heading: str) -> None:
-    """The table, the prediction accuracy and the targets of one workload at one load."""
+def _report(
+    point: list[RunResult],
+    heading: str,
+    spreads: dict[str, dict[str, list[float]]] | None = None,
+) -> None:
+    """The table, the prediction accuracy and the targets of one workload at one load
+    (`spreads`: each label's ranges over the rounds)."""
     print(f"\n{heading}")
     print(format_table(point))
     met = [f"  {r.label}: {r.tpot_met:.1%}" for r in point if r.tpot_met is not None]
@@ -316,7 +328,7 @@ def _report(point: list[RunResult], heading: str) -> None:
     if accuracy:
         print("TTFT predictions (observed at the client vs kvgate's, model ms):")
         print("\n".join(accuracy))
-    targets = check_targets(point)
+    targets = check_targets(point) + epp_targets(point, spreads)
     for each in point:
         targets += channel_target(each.label, each.replica_sync_cpu_share)
         targets += failover_targets(each.label, each.replica_kill)
@@ -370,6 +382,7 @@ async def _run_one(
     *,
     ramp_s: float = 0.0,
     vocabulary: tuple[str, ...] | None = None,
+    via: str = "proxy",
 ) -> tuple[RunResult, list[float], list[tuple[float, float]]]:
     engines, endpoints = fleet.processes, fleet.endpoints
     await reset_prefix_caches(client, [e.url for e in endpoints])
@@ -380,7 +393,7 @@ async def _run_one(
                     replica=index if replicas > 1 else None, prior_scale=_prior_scale(plan),
                     routing_config=options.routing_config, profiles=options.kvgate_routers,
                     engine_block_size=fleet.block_size,
-                    tokenizers=SIM_TOKENIZERS if plan.flavor == "sglang" else None)
+                    tokenizers=SIM_TOKENIZERS if plan.flavor == "sglang" else None, via=via)
         for index in range(replicas)
     ]  # fmt: skip
     router = routers[0]
@@ -416,9 +429,11 @@ async def _run_one(
             slo_tpot_ms=options.slo_tpot_ms if options.send_slo else None,
             trace=options.trace(script.name),
             vocabulary=vocabulary,
+            picker=router.grpc_target,
         )
         cpu_before = (_cpu_of(engines), _cpu_of(routers), time.perf_counter())
         suffix = (f"x{replicas}" + ("" if shared else "i")) if replicas > 1 else ""
+        suffix += "" if via == "proxy" else f"@{via}"
         killer = (
             asyncio.create_task(kill_and_replace(client, routers, script.requests, kill))
             if killing
@@ -458,6 +473,7 @@ async def _run_one(
     answered = max(1, result.requests - result.errors)
     result = dataclasses.replace(
         result,
+        via=via,
         replicas=replicas,
         replica_sync=shared,
         replica_kill=failover_figures(records, kill, plan.time_scale * 1e3) if killing else {},
@@ -500,13 +516,19 @@ async def _load(spec: LoadSpec, stem: Path, *, keep: bool = False) -> list[Reque
     return records
 
 
-def _runs(options: RoutingOptions) -> list[tuple[str, tuple[int, bool]]]:
-    """(router, (replicas, shared)) of each run: kvgate's policies once per replica setup."""
-    return [
-        (router, setup)
-        for router in options.routers
-        for setup in (options.replicas if router in options.kvgate_routers else [(1, False)])
-    ]
+def _runs(options: RoutingOptions) -> list[tuple[str, tuple[int, bool], str]]:
+    """(router, (replicas, shared), via) of each run: kvgate's policies once per replica
+    setup through the proxy and once per other way (`vias`; one replica); the others once,
+    as proxies."""
+    runs: list[tuple[str, tuple[int, bool], str]] = []
+    for router in options.routers:
+        if router not in options.kvgate_routers:
+            runs.append((router, (1, False), "proxy"))
+            continue
+        for via in options.vias:
+            setups = options.replicas if via == "proxy" else [(1, False)]
+            runs += [(router, setup, via) for setup in setups]
+    return runs
 
 
 def _prior_scale(plan: FleetPlan) -> float:
@@ -569,7 +591,7 @@ def _intro(script: Script, plan: FleetPlan, capacity: float) -> str:
 
 def _line(result: RunResult) -> str:
     return (
-        f"  {result.router:<14} {result.requests} req, {result.errors} err, "
+        f"  {result.label:<18} {result.requests} req, {result.errors} err, "
         f"hit {result.hit_rate:.1%}, TTFT p90 {result.ttft_ms['p90']:,.0f} ms, "
         f"{result.duration_s:.1f} s wall, cpu engines {result.cpu_cores.get('engines', 0):.2f} "
         f"router {result.cpu_cores.get('router', 0):.2f} "
@@ -578,6 +600,11 @@ def _line(result: RunResult) -> str:
             f", prediction |error| p50/p90 {result.prediction['rel_err_p50']:.0%}"
             f"/{result.prediction['rel_err_p90']:.0%}"
             if result.prediction
+            else ""
+        )
+        + (
+            f", pick p50/p90 {result.pick_ms['p50']:,.0f}/{result.pick_ms['p90']:,.0f} ms"
+            if result.pick_ms
             else ""
         )
     )

@@ -80,17 +80,26 @@ class RunResult:
     engine_prompt_share: dict[str, float] = field(default_factory=dict)
     """Each engine's share of the prompt tokens (what it was asked to serve, cached or
     not)."""
+    pick_ms: dict[str, float] = field(default_factory=dict)
+    """Through the endpoint picker: p50 / p90 / p99 / mean of the time from the send to
+    the endpoint named (each record's `pick_s`), model ms, a part of the TTFT; empty for a
+    proxy."""
+    via: str = "proxy"
+    """How the load reached the engines (`--mode`): `proxy`, through the router; `epp`,
+    picked by `kvgate epp` over ext_proc and sent straight to the engine, as Envoy does."""
 
     @property
     def label(self) -> str:
         """The router as tables and plots name it (`prefix-cache ×3` for 3 replicas sharing
-        their decisions, `prefix-cache ×3 indep.` for 3 that do not)."""
+        their decisions, `prefix-cache ×3 indep.` for 3 that do not; `prefix-cache@epp`
+        through the endpoint picker)."""
+        name = self.router if self.via == "proxy" else f"{self.router}@{self.via}"
         if self.replicas == 1:
-            return self.router
-        return f"{self.router} ×{self.replicas}" + ("" if self.replica_sync else " indep.")
+            return name
+        return f"{name} ×{self.replicas}" + ("" if self.replica_sync else " indep.")
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "label": self.label}
 
 
 def _stats(values: Sequence[float], scale_ms: float) -> dict[str, float]:
@@ -161,6 +170,7 @@ def summarize(
         duration_s=duration,
         first_errors=[r.error for r in records if r.error is not None][:3],
         prediction=_prediction(ok, scale_ms),
+        pick_ms=_stats(picks, scale_ms) if (picks := [r.pick_s for r in ok if r.pick_s]) else {},
         tpot_met=None if slo_tpot_ms is None else _met(ok, slo_tpot_ms / scale_ms),
         trace_speed=trace_speed,
         real_engines=real_engines,

@@ -25,8 +25,10 @@ def runs(results: Path, folder: str) -> list[Run]:
 
 
 def label(run: Run) -> str:
-    """The router as the run's report names it (replicas: `×3`, `×3 indep.`)."""
-    name = f"`{run['router']}`"
+    """The router as the run's report names it (replicas: `×3`, `×3 indep.`; through the
+    endpoint picker: `@epp`)."""
+    via = run.get("via", "proxy")
+    name = f"`{run['router']}`" if via == "proxy" else f"`{run['router']}@{via}`"
     if run.get("replicas", 1) == 1:
         return name
     return f"{name} ×{run['replicas']}" + ("" if run["replica_sync"] else " indep.")

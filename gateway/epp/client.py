@@ -190,6 +190,10 @@ class EnvoyClient:
     def stream(self) -> EnvoyStream:
         return EnvoyStream(self._stub.Process())
 
+    async def wait_ready(self) -> None:
+        """Until the channel is connected (as Envoy keeps its connection to the picker)."""
+        await self._channel.channel_ready()
+
     async def close(self) -> None:
         await self._channel.close()
 
