@@ -10,15 +10,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
+from gateway.app import create_app
 from gateway.control.discovery import Discovery, DiscoveryEvents
 from gateway.control.discovery.inferencepool import InferencePoolDiscovery
+from gateway.control.discovery.kubepods import EVENTS_PORT, HTTP_PORT, REPLAY_PORT, TOPIC
 from gateway.control.discovery.kubernetes import KubernetesDiscovery, load_api_client
 from gateway.control.discovery.kubewatch import WatchTiming
-from tests.gateway.discovery.kubeapi import TOKEN, FakeKubeAPI
+from gateway.http.server import GatewayServer
+from gateway.settings import Settings
+from simulator import EngineServer
+from tests.gateway.discovery.kubeapi import TOKEN, FakeKubeAPI, pod_object
 from tests.gateway.discovery_listener import RecordingListener
+from tests.helpers import eventually
 
 NAMESPACE = "inference"
 MODEL = "sim-model"
@@ -60,6 +69,45 @@ StartPool = Callable[..., Awaitable[Watching[InferencePoolDiscovery]]]
 
 def watch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("kvgate-k8s-watch-")]
+
+
+def engine_pod(
+    server: EngineServer, labels: dict[str, str], *, ip: str, http_port: bool = True
+) -> dict[str, Any]:
+    """A pod object for a simulated engine: its address, and annotations naming its events
+    and replay ports and its topic (and its HTTP port, unless `http_port` is false: an
+    InferencePool's target port gives it)."""
+    publisher = server.engine.publisher
+    assert publisher.replay_endpoint is not None
+    annotations = {
+        EVENTS_PORT: publisher.events_endpoint.rsplit(":", 1)[1],
+        REPLAY_PORT: publisher.replay_endpoint.rsplit(":", 1)[1],
+        TOPIC: server.engine.config.topic,
+    }
+    if http_port:
+        annotations[HTTP_PORT] = str(urlsplit(server.url).port)
+    return pod_object(server.engine.config.name, labels=labels, annotations=annotations, ip=ip)
+
+
+@contextlib.asynccontextmanager
+async def kube_gateway(
+    kube_api: FakeKubeAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> AsyncIterator[httpx.AsyncClient]:
+    """`kvgate serve`'s app with `env`'s discovery settings, its kubeconfig pointing at the
+    fake API server; a client to it. At the end the lifespan has stopped discovery: its
+    watch threads end and its watches close although their timeout is 30 s."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a cluster
+    monkeypatch.setenv("KUBECONFIG", str(kube_api.kubeconfig(tmp_path)))
+    settings = Settings.load(
+        {**env, "KVGATE_ADMIN_TOKEN": "k8s-admin", "KVGATE_SCRAPE_INTERVAL": "0.2"}
+    )
+    server = GatewayServer(create_app(settings, metrics_registry=CollectorRegistry()))
+    await server.start()
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        yield client
+    await server.stop()
+    await eventually(lambda: watch_threads() == [], what="the watch threads ended")
+    await eventually(lambda: kube_api.open_watches() == 0, what="the watches closed")
 
 
 @pytest.fixture

@@ -12,19 +12,16 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
-from gateway.app import create_app
 from gateway.control.discovery import DiscoveryEvents, InferencePoolDiscovery, build_discovery
-from gateway.control.discovery.kubepods import EVENTS_PORT, KV_EVENTS, REPLAY_PORT, TOPIC
+from gateway.control.discovery.kubepods import KV_EVENTS
 from gateway.control.discovery.kubepods import MODEL as MODEL_LABEL
 from gateway.errors import ConfigError
-from gateway.http.server import GatewayServer
 from gateway.settings import Settings
 from simulator import EngineServer
 from tests.conftest import StartEngine
-from tests.gateway.discovery.conftest import MODEL, NAMESPACE, POOL, watch_threads
-from tests.gateway.discovery.kubeapi import POOLS, FakeKubeAPI, pod_object, pool_object
+from tests.gateway.discovery.conftest import MODEL, NAMESPACE, POOL, engine_pod, kube_gateway
+from tests.gateway.discovery.kubeapi import POOLS, FakeKubeAPI, pool_object
 from tests.gateway.discovery.test_kubernetes_gateway import ADMIN, pods, routed, subscribed
 from tests.helpers import eventually
 
@@ -32,17 +29,12 @@ HOSTS = ("127.0.0.2", "127.0.0.3")
 
 
 def pool_pod(server: EngineServer, app: str) -> dict[str, Any]:
-    publisher = server.engine.publisher
-    assert publisher.replay_endpoint is not None
-    annotations = {
-        EVENTS_PORT: publisher.events_endpoint.rsplit(":", 1)[1],
-        REPLAY_PORT: publisher.replay_endpoint.rsplit(":", 1)[1],
-        TOPIC: server.engine.config.topic,
-    }
-    labels = {"app": app, MODEL_LABEL: MODEL, KV_EVENTS: "true"}
+    """The engine as a pod of the pool's selection at its own address; its HTTP port is the
+    pool's target port."""
     host = urlsplit(server.url).hostname
     assert host is not None
-    return pod_object(server.engine.config.name, labels=labels, annotations=annotations, ip=host)
+    labels = {"app": app, MODEL_LABEL: MODEL, KV_EVENTS: "true"}
+    return engine_pod(server, labels, ip=host, http_port=False)
 
 
 async def engines_on_one_port(start_engine: StartEngine) -> list[EngineServer]:
@@ -75,23 +67,9 @@ async def gateway(
     kube_api.create(NAMESPACE, pool_pod(servers[1], "vllm-canary"))
     pool = pool_object(POOL, match_labels={MODEL_LABEL: MODEL}, ports=(servers[0].port,))
     kube_api.create(NAMESPACE, pool, resource=POOLS)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a cluster
-    monkeypatch.setenv("KUBECONFIG", str(kube_api.kubeconfig(tmp_path)))
-    settings = Settings.load(
-        {
-            "KVGATE_DISCOVERY": "inference-pool",
-            "KVGATE_INFERENCE_POOL": f"{NAMESPACE}/{POOL}",
-            "KVGATE_ADMIN_TOKEN": "k8s-admin",
-            "KVGATE_SCRAPE_INTERVAL": "0.2",
-        }
-    )
-    server = GatewayServer(create_app(settings, metrics_registry=CollectorRegistry()))
-    await server.start()
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    env = {"KVGATE_DISCOVERY": "inference-pool", "KVGATE_INFERENCE_POOL": f"{NAMESPACE}/{POOL}"}
+    async with kube_gateway(kube_api, tmp_path, monkeypatch, env) as client:
         yield client
-    await server.stop()
-    await eventually(lambda: watch_threads() == [], what="the watch threads ended")
-    await eventually(lambda: kube_api.open_watches() == 0, what="the watches closed")
 
 
 async def test_the_pools_pods_are_subscribed_and_routed_as_the_pool_changes(

@@ -8,19 +8,20 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
 
-from gateway.app import create_app
-from gateway.control.discovery.kubepods import EVENTS_PORT, HTTP_PORT, KV_EVENTS, REPLAY_PORT, TOPIC
-from gateway.http.server import GatewayServer
-from gateway.settings import Settings
+from gateway.control.discovery.kubepods import KV_EVENTS
 from simulator import EngineServer
 from tests.conftest import StartEngine
-from tests.gateway.discovery.conftest import MODEL, NAMESPACE, SELECTED, watch_threads
+from tests.gateway.discovery.conftest import (
+    MODEL,
+    NAMESPACE,
+    SELECTED,
+    engine_pod,
+    kube_gateway,
+)
 from tests.gateway.discovery.kubeapi import FakeKubeAPI, pod_object
 from tests.gateway.discovery.test_kubernetes_watch import set_labels, set_ready
 from tests.helpers import eventually, run_kvgate
@@ -32,19 +33,7 @@ SYSTEM = "You answer questions about Kubernetes pods in great detail. " * 8  # s
 
 def sim_pod(server: EngineServer) -> dict[str, Any]:
     """A labelled pod whose address and port annotations are the engine's."""
-    publisher = server.engine.publisher
-    replay = publisher.replay_endpoint
-    assert replay is not None
-    annotations = {
-        HTTP_PORT: str(urlsplit(server.url).port),
-        EVENTS_PORT: publisher.events_endpoint.rsplit(":", 1)[1],
-        REPLAY_PORT: replay.rsplit(":", 1)[1],
-        TOPIC: server.engine.config.topic,
-    }
-    labels = {**SELECTED, KV_EVENTS: "true"}
-    return pod_object(
-        server.engine.config.name, labels=labels, annotations=annotations, ip="127.0.0.1"
-    )
+    return engine_pod(server, {**SELECTED, KV_EVENTS: "true"}, ip="127.0.0.1")
 
 
 @pytest.fixture
@@ -56,24 +45,9 @@ async def gateway(
 ) -> AsyncIterator[httpx.AsyncClient]:
     for i in range(2):
         kube_api.create(NAMESPACE, sim_pod(await start_engine(name=f"e{i}")))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a cluster
-    monkeypatch.setenv("KUBECONFIG", str(kube_api.kubeconfig(tmp_path)))
-    settings = Settings.load(
-        {
-            "KVGATE_DISCOVERY": "kubernetes",
-            "KVGATE_K8S_NAMESPACES": NAMESPACE,
-            "KVGATE_ADMIN_TOKEN": "k8s-admin",
-            "KVGATE_SCRAPE_INTERVAL": "0.2",
-        }
-    )
-    server = GatewayServer(create_app(settings, metrics_registry=CollectorRegistry()))
-    await server.start()
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    env = {"KVGATE_DISCOVERY": "kubernetes", "KVGATE_K8S_NAMESPACES": NAMESPACE}
+    async with kube_gateway(kube_api, tmp_path, monkeypatch, env) as client:
         yield client
-    await server.stop()
-    # The lifespan stopped discovery: its threads end although the watch timeout is 30 s.
-    await eventually(lambda: watch_threads() == [], what="the watch threads ended")
-    await eventually(lambda: kube_api.open_watches() == 0, what="the watch closed")
 
 
 async def pods(client: httpx.AsyncClient) -> dict[str, Any]:
