@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from gateway.control.discovery import Pod
 from gateway.control.registry import PodState
 from gateway.errors import GatewayError, NotFound, PayloadTooLarge
+from gateway.http.client_address import TrustedProxies
 from gateway.http.turn import Turn, parse_json
 from gateway.routing.router import Kind
 from gateway.state import GatewayState
@@ -107,6 +108,9 @@ class Picker:
     def __init__(self, gateway: GatewayState) -> None:
         self.gateway = gateway
         self.max_body_bytes = gateway.settings.max_body_bytes
+        self.proxies = TrustedProxies(gateway.settings.trusted_proxies)
+        """The proxies in front of the data plane (`KVGATE_TRUSTED_PROXIES`): forwarded
+        hops the client is looked for beyond."""
 
     def check_size(self, size: int) -> None:
         if size > self.max_body_bytes:

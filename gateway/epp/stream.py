@@ -167,12 +167,10 @@ class PickStream:
         return answers
 
     def _client(self, headers: HeaderValues) -> str:
-        """The client's address as the data plane saw it: the last `x-forwarded-for` hop
-        (the one Envoy appended), else the data plane's own."""
-        forwarded = headers.get(b"x-forwarded-for")
-        if forwarded:
-            return forwarded.decode("latin-1").rsplit(",", 1)[-1].strip()
-        return self._peer
+        """The client's address as the data plane saw it: its `X-Forwarded-For` read as
+        the proxy reads a trusted proxy's (`TrustedProxies.client`; the data plane is one
+        by being the picker's peer), else the data plane's own."""
+        return self._picker.proxies.client(self._peer, headers.items())
 
     def refuse(self, error: GatewayError) -> list[Pb]:
         """Answer with an ImmediateResponse carrying `error`; the stream ends."""

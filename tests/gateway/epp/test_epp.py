@@ -327,3 +327,25 @@ async def test_an_answer_that_stalls_releases_its_charge_as_a_504(
               'status="504"}')  # fmt: skip
     assert await picker.metric(sample) == 1
     assert await picker.metric(f'kvgate_upstream_errors_total{{kind="timeout",pod="{pod}"}}') == 1
+
+
+async def test_the_client_is_read_from_x_forwarded_for_as_the_proxy_reads_it(
+    start_picker: StartPicker,
+) -> None:
+    """What is learned per client (bytes per prompt token) is keyed by the address Envoy
+    forwarded; an entry that is no address is not believed (the data plane's own then)."""
+    picker = await start_picker(engines=1)
+
+    def padded(indent: int) -> bytes:  # more body bytes a prompt token
+        return json.dumps(json.loads(chat("padded")), indent=indent).encode()
+
+    sent = {"203.0.113.7": chat("plain"), "198.51.100.9": padded(40),
+            "not-an-address": padded(120)}  # fmt: skip
+    for address, body in sent.items():
+        await exchange(picker, body, headers={"x-forwarded-for": f"10.9.9.9, {address}"})
+    sizes = picker.state.router.prompt_sizes
+    plain, wide = (sizes.bytes_per_token(MODEL, "addr:" + a) for a in list(sent)[:2])
+    assert wide > plain
+    assert sizes.bytes_per_token(MODEL, "addr:127.0.0.1") > wide  # the spoof's, as the peer's
+    # never learned: the median of the three clients that were
+    assert sizes.bytes_per_token(MODEL, "addr:not-an-address") == wide
