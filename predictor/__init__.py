@@ -3,7 +3,7 @@ per output token), learned from the answers. Pure and synchronous, on an injecte
 no I/O, no import of the gateway. Routing, replica sync, snapshots and metrics use it
 through `Predictor`."""
 
-from predictor.costs import argsort, arrivals, delays, most_cached_first, near_ties
+from predictor.costs import argsort, delays, most_cached_first, near_ties
 from predictor.features import FEATURES, STEP_TERM
 from predictor.model import STALE_S, Candidate, Predictor
 from predictor.params import CALIBRATED_CONTEXT_SHARE, CostParams
@@ -30,7 +30,6 @@ __all__ = [
     "Ticket",
     "TpotPrediction",
     "argsort",
-    "arrivals",
     "delays",
     "most_cached_first",
     "near_ties",

@@ -42,13 +42,6 @@ def delays(prefills: list[float], waits: list[float]) -> list[float]:
     return list(map(mul, waits, prefills))
 
 
-def arrivals(prefills: list[float], rates: list[float]) -> list[float]:
-    """Per pod, the requests that reach it (at `rates[i]` per second) while a prefill of
-    `prefills[i]` seconds runs there, times that prefill: twice the time they wait out
-    (each arrives, on average, half way through it)."""
-    return [rate * (prefill * prefill) for prefill, rate in zip(prefills, rates, strict=True)]
-
-
 def near_ties(order: list[int], costs: list[float], tolerance: float) -> int:
     """How many of `order` (indices of `costs`, ascending, not empty) are within
     `tolerance` of the first's cost: at least one."""

@@ -55,16 +55,11 @@ class Ranking:
         self.theta_version = theta_version
         self.position = position
 
-    def rates(self, now: float, window_s: float) -> list[float]:
-        """Each candidate's bound arrival rate as of `now` (`Predictor.bound_rate`)."""
-        exp = math.exp
-        return [
-            bound * exp((at - now) / window_s) / window_s if bound else 0.0
-            for bound, at in zip(self.bounds, self.active_at, strict=True)
-        ]
-
     def arrivals(self, prefills: list[float], now: float, window_s: float) -> list[float]:
-        """`costs.arrivals(prefills, self.rates(now, window_s))`, in one pass."""
+        """Per candidate, the requests that reach it at its bound arrival rate as of `now`
+        (`Predictor.bound_rate`) while a prefill of `prefills[i]` seconds runs there, times
+        that prefill: twice the time they wait out (each arrives, on average, half way
+        through it)."""
         exp = math.exp
         return [
             (bound * exp((at - now) / window_s) / window_s if bound else 0.0) * (p * p)

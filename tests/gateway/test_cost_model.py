@@ -32,7 +32,6 @@ from predictor import (
     near_ties,
     parse_export,
 )
-from predictor import arrivals as charged_arrivals
 from predictor import delays as charged_delays
 from predictor.features import MAX_COEFFICIENT, MAX_LOG_SPEED
 from predictor.fleet import PodSpeed
@@ -811,7 +810,7 @@ def test_rank_costs_follow_every_change_of_the_pods(
         ], prompt)  # fmt: skip
         ranking, now = cost.candidates(candidates)
         delays = charged_delays(prefills, ranking.waits)
-        arriving = charged_arrivals(prefills, ranking.rates(now, cost.params.activity_window_s))
+        arriving = ranking.arrivals(prefills, now, cost.params.activity_window_s)
         for ttft, prefill, delay, arrivals, candidate, prediction in zip(
             ttfts, prefills, delays, arriving, candidates, fresh, strict=True
         ):
